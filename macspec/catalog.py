@@ -1,0 +1,198 @@
+"""The catalog of target/draft pairs: `models.toml` read and validated into frozen dataclasses.
+
+The shipped catalog sits next to this module; a user `models.toml` in the macspec home is
+merged over it (a user pair replaces a shipped pair of the same name). Each file is a list
+of `[[pair]]` tables, so a name given twice in one file is detectable and reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from macspec import hub
+from macspec.errors import MacspecError
+from macspec.home import config_path, load_config, read_toml, user_catalog_path
+
+SHIPPED_CATALOG = Path(__file__).with_name("models.toml")
+DEFAULT_PAIR = "demo"
+DRAFT_POLICIES = ("auto",)
+"""Named draft-length policies a pair may recommend; an integer means a fixed k instead."""
+
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One target model and the small draft model that guesses for it."""
+
+    name: str
+    """Short name used on the command line (`macspec pull NAME`): lowercase, no slash."""
+    target: str
+    """The big model: a Hugging Face repo id, a local folder, or `package:demo/target`."""
+    draft: str
+    """The small model sharing the target's tokenizer, in the same forms as `target`."""
+    draft_policy: str | int
+    """Recommended draft-length policy: "auto" (adaptive) or a fixed number of draft tokens."""
+    context_length: int
+    """The context window (tokens) the pair is meant to serve; memory estimates assume it full."""
+    description: str
+    """One line for `macspec models`."""
+    size_gb: float
+    """Approximate download size of target plus draft, in GB (10**9 bytes)."""
+
+    @property
+    def is_packaged(self) -> bool:
+        """True when both models ship inside the macspec package (always "downloaded")."""
+        return hub.is_package_spec(self.target) and hub.is_package_spec(self.draft)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All known pairs: the shipped catalog with the user's merged over it."""
+
+    pairs: dict[str, Pair]
+    """Pairs by name, in file order (shipped first, then new user pairs)."""
+
+    def get(self, name: str) -> Pair:
+        """The pair called `name`, or a one-line error listing the known names."""
+        try:
+            return self.pairs[name]
+        except KeyError:
+            known = ", ".join(self.pairs) or "none"
+            raise MacspecError(f"unknown pair '{name}' (known: {known})") from None
+
+
+@dataclass(frozen=True)
+class ResolvedModels:
+    """What to load, after `--pair` / `--model` / `--draft-model` and the default pair."""
+
+    target: Path
+    """Local folder of the target model."""
+    draft: Path | None
+    """Local folder of the draft model; None for plain (target-only) decoding."""
+    target_name: str
+    """The target as the user or catalog named it (repo id, folder or package spec)."""
+    draft_name: str | None
+    """The draft as named, or None without a draft."""
+    pair: Pair | None
+    """The catalog pair used, or None when models were given directly with `--model`."""
+
+
+# field name -> (accepted types, description used in type errors)
+_FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
+    "name": ((str,), "a string"),
+    "target": ((str,), "a string"),
+    "draft": ((str,), "a string"),
+    "draft_policy": ((str, int), 'a string ("auto") or an integer'),
+    "context_length": ((int,), "an integer"),
+    "description": ((str,), "a string"),
+    "size_gb": ((int, float), "a number"),
+}
+
+
+def parse_catalog(data: dict[str, Any], source: Path) -> dict[str, Pair]:
+    """Validate one parsed `models.toml` into pairs by name; errors are one line naming `source`."""
+    unknown = [key for key in data if key != "pair"]
+    if unknown:
+        raise MacspecError(f"{source}: unknown top-level key '{unknown[0]}' (expected [[pair]])")
+    entries = data.get("pair", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise MacspecError(f"{source}: 'pair' must be an array of tables ([[pair]])")
+    pairs: dict[str, Pair] = {}
+    for index, entry in enumerate(entries, start=1):
+        pair = _parse_pair(entry, f"{source}: pair #{index}")
+        if pair.name in pairs:
+            raise MacspecError(f"{source}: duplicate pair name '{pair.name}'")
+        pairs[pair.name] = pair
+    return pairs
+
+
+def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
+    name = entry.get("name")
+    if isinstance(name, str):
+        where = f"{where.rpartition(': ')[0]}: pair '{name}'"
+    for key in entry:
+        if key not in _FIELDS:
+            raise MacspecError(f"{where}: unknown key '{key}' (known: {', '.join(_FIELDS)})")
+    for key, (types, description) in _FIELDS.items():
+        if key not in entry:
+            raise MacspecError(f"{where}: missing field '{key}'")
+        value = entry[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise MacspecError(f"{where}: '{key}' must be {description}")
+    if not _NAME.match(entry["name"]):
+        raise MacspecError(
+            f"{where}: name must be lowercase letters, digits, '.', '_' or '-' (no slash)"
+        )
+    policy = entry["draft_policy"]
+    if isinstance(policy, str) and policy not in DRAFT_POLICIES:
+        named = " or ".join(f'"{p}"' for p in DRAFT_POLICIES)
+        raise MacspecError(f"{where}: draft_policy must be {named} or an integer")
+    if isinstance(policy, int) and not 1 <= policy <= 64:
+        raise MacspecError(f"{where}: a fixed draft_policy must be between 1 and 64")
+    if entry["context_length"] < 1:
+        raise MacspecError(f"{where}: context_length must be positive")
+    if entry["size_gb"] < 0:
+        raise MacspecError(f"{where}: size_gb must not be negative")
+    return Pair(**{**entry, "size_gb": float(entry["size_gb"])})
+
+
+def load_catalog() -> Catalog:
+    """The shipped catalog merged with the user's `models.toml` (user pairs win by name)."""
+    pairs = parse_catalog(read_toml(SHIPPED_CATALOG), SHIPPED_CATALOG)
+    user_file = user_catalog_path()
+    if user_file.is_file():
+        pairs.update(parse_catalog(read_toml(user_file), user_file))
+    return Catalog(pairs=pairs)
+
+
+def default_pair_name() -> str:
+    """The user config's `default_pair`, else "demo"."""
+    return load_config().default_pair or DEFAULT_PAIR
+
+
+def resolve_models(
+    pair: str | None, model: str | None, draft_model: str | None
+) -> ResolvedModels:
+    """Turn `--pair` / `--model` / `--draft-model` into local model folders, offline.
+
+    `--pair NAME` uses the pair (a `--draft-model` replaces its draft); `--model` alone means
+    target-only decoding unless `--draft-model` is given; nothing at all means the default pair.
+    A model that is not downloaded is a one-line error naming the `macspec pull` to run.
+    """
+    if pair is not None and model is not None:
+        raise MacspecError("--pair and --model both given; pass one of them")
+    if model is not None:
+        draft = hub.local_model_path(draft_model) if draft_model is not None else None
+        return ResolvedModels(hub.local_model_path(model), draft, model, draft_model, None)
+    catalog = load_catalog()
+    if pair is not None:
+        chosen = catalog.get(pair)
+    else:
+        name = default_pair_name()
+        if name not in catalog.pairs:
+            known = ", ".join(catalog.pairs)
+            raise MacspecError(
+                f"{config_path()}: default_pair '{name}' is not a known pair (known: {known})"
+            )
+        chosen = catalog.pairs[name]
+    draft_name = draft_model if draft_model is not None else chosen.draft
+    target_path = _pair_model_path(chosen, chosen.target)
+    draft_path = (
+        hub.local_model_path(draft_model) if draft_model is not None
+        else _pair_model_path(chosen, chosen.draft)
+    )
+    return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen)
+
+
+def _pair_model_path(pair: Pair, name: str) -> Path:
+    """A pair member's folder; when missing, the error names `macspec pull PAIR`."""
+    try:
+        return hub.local_model_path(name)
+    except hub.NotDownloadedError:
+        raise MacspecError(
+            f"pair '{pair.name}' is not downloaded ({name} missing); run: macspec pull {pair.name}"
+        ) from None

@@ -1,0 +1,108 @@
+"""The user's macspec directory: user config, user catalog; movable with MACSPEC_HOME."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from macspec.errors import MacspecError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+CONFIG_FILE = "config.toml"
+USER_CATALOG_FILE = "models.toml"
+
+
+def macspec_home() -> Path:
+    """The user directory, read from the environment on every call (tests move it).
+
+    `MACSPEC_HOME` wins; else `~/Library/Application Support/macspec` on macOS, else
+    `$XDG_DATA_HOME/macspec` or `~/.local/share/macspec`. Never created here: readers
+    treat a missing directory as empty.
+    """
+    override = os.environ.get("MACSPEC_HOME")
+    if override:
+        return Path(override).expanduser()
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "macspec"
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
+    return base / "macspec"
+
+
+def config_path() -> Path:
+    """The user config file (`config.toml` in the user directory)."""
+    return macspec_home() / CONFIG_FILE
+
+
+def user_catalog_path() -> Path:
+    """The user catalog (`models.toml` in the user directory), merged over the shipped one."""
+    return macspec_home() / USER_CATALOG_FILE
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; a syntax error becomes one line with the file, line and column."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise MacspecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise MacspecError(f"{path}: invalid TOML: {_toml_error_text(exc)}") from None
+
+
+def _toml_error_text(exc: Exception) -> str:
+    """'line 3, column 8: expected ...' from tomllib's 'Expected ... (at line 3, column 8)'."""
+    message = str(exc)
+    lineno, colno = getattr(exc, "lineno", None), getattr(exc, "colno", None)
+    head, sep, tail = message.rpartition(" (at ")
+    if sep:
+        message, where = head, tail.rstrip(")")
+        if lineno is None and where.startswith("line "):
+            line_part, _, col_part = where.partition(", column ")
+            lineno, colno = line_part.removeprefix("line "), col_part
+        elif lineno is None:
+            return f"{where}: {_lower_first(message)}"
+    if lineno is None:
+        return _lower_first(message)
+    return f"line {lineno}, column {colno}: {_lower_first(message)}"
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """The settings in the user's `config.toml`; every field optional."""
+
+    default_pair: str | None = None
+    """The pair `macspec run` and `macspec chat` use when given no model; None means "demo"."""
+
+
+_CONFIG_KEYS = {"default_pair": str}
+
+
+def load_config() -> UserConfig:
+    """Read and validate the user config; a missing file is the default config."""
+    path = config_path()
+    if not path.is_file():
+        return UserConfig()
+    data = read_toml(path)
+    for key, value in data.items():
+        expected = _CONFIG_KEYS.get(key)
+        if expected is None:
+            known = ", ".join(sorted(_CONFIG_KEYS))
+            raise MacspecError(f"{path}: unknown key '{key}' (known: {known})")
+        if not isinstance(value, expected):
+            raise MacspecError(
+                f"{path}: '{key}' must be a {expected.__name__}, not {type(value).__name__}"
+            )
+    return UserConfig(**data)
