@@ -1,0 +1,51 @@
+"""The typer app, its entry point and the one-line error convention shared by every command."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+import typer
+
+from macspec.errors import MacspecError
+
+app = typer.Typer(
+    name="macspec",
+    help="Fast local LLM chat on MLX by lossless speculative decoding.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+EXIT_USER_ERROR = 2
+
+
+def fail(message: str) -> None:
+    """Raise the one-line user error the entry point prints; for use inside commands."""
+    raise MacspecError(message)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: runs the app, printing user errors as one line on stderr, exit 2."""
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="macspec",
+            standalone_mode=False,
+        )
+    except MacspecError as exc:
+        print(f"macspec: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except click.exceptions.Abort:
+        print("macspec: aborted", file=sys.stderr)
+        return 130
+    except click.ClickException as exc:  # bad flags or values, from click's own parsing
+        print(f"macspec: error: {exc.format_message()}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("\nmacspec: interrupted", file=sys.stderr)
+        return 130
+    return result if isinstance(result, int) else 0

@@ -1,0 +1,41 @@
+"""Options shared by run, chat and bench, named as mlx-lm names them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model", "-m", help="Target model: a local mlx-lm folder or a downloaded repo id."
+    ),
+]
+DraftModel = Annotated[
+    str | None, typer.Option("--draft-model", help="Draft model (shares the target's tokenizer).")
+]
+PairName = Annotated[
+    str | None, typer.Option("--pair", "-p", help="A pair from the catalog (see `macspec models`).")
+]
+Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
+TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1 = off).")]
+TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k likeliest (0 = off).")]
+MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the top one.")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens to generate.")]
+Seed = Annotated[int | None, typer.Option("--seed", help="Seed for reproducible sampling.")]
+NumDraftTokens = Annotated[
+    str | None,
+    typer.Option(
+        "--num-draft-tokens",
+        "-k",
+        help="Tokens to guess per cycle: a number, or 'auto' (adaptive; the default).",
+    ),
+]
+NoDraft = Annotated[
+    bool, typer.Option("--no-draft", help="Plain decoding with the target alone (for comparison).")
+]
+Stop = Annotated[
+    list[str] | None,
+    typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed."),
+]

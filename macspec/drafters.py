@@ -1,0 +1,117 @@
+"""Where guesses come from. A drafter proposes up to k next tokens for the target to verify.
+
+The engine owns the committed sequence (`context`); a drafter only has to guess its next
+tokens and, after each cycle, `rollback` to the part of it that survived verification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macspec.cached import CachedModel
+from macspec.sampling import SamplingParams, probabilities, sample
+
+
+@dataclass
+class Draft:
+    """One cycle's guesses."""
+
+    tokens: list[int]
+    """The guessed ids, in order (possibly fewer than asked for)."""
+    q: mx.array | None = None
+    """(len(tokens), V) distributions the guesses were drawn from; None: deterministic guesses."""
+    steps: int = 0
+    """Forward passes the drafter ran (its cost, for the draft-length policy)."""
+    fed: int = 0
+    """Ids the drafter's model processed, catch-up after plain target steps included."""
+
+
+class Drafter(Protocol):
+    """The interface the engine drafts through."""
+
+    name: str
+    """Shown in stats: 'model', 'lookup', ..."""
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """A new generation begins with this prompt; prefill whatever state is reusable."""
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        key: mx.array | None,
+        confidence_floor: float | None,
+    ) -> Draft:
+        """Guess up to k tokens after `context` (prompt + all committed tokens).
+
+        With a `confidence_floor`, stop before a guess whose top probability falls below it.
+        `key` is set when sampling (params.temperature > 0).
+        """
+
+    def rollback(self, keep: int) -> None:
+        """Forget state beyond the first `keep` ids of the context (rejected guesses)."""
+
+
+class ModelDrafter:
+    """Guesses with a small language model that shares the target's tokenizer."""
+
+    name = "model"
+
+    def __init__(self, model: nn.Module, vocab_size: int | None = None, cache: list | None = None):
+        self.state = CachedModel(model, name="draft model", cache=cache)
+        self.state.require_trimmable()
+        self.vocab_size = vocab_size
+        """Logits beyond this id are cut off, so p and q share one support."""
+
+    def start(self, prompt: Sequence[int]) -> None:
+        remaining = self.state.reuse(prompt)
+        self.state.prefill(remaining[:-1])
+
+    def rollback(self, keep: int) -> None:
+        self.state.trim_to(keep)
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        params: SamplingParams,
+        key: mx.array | None,
+        confidence_floor: float | None,
+    ) -> Draft:
+        feed: Sequence[int] | mx.array = context[len(self.state) :]
+        fed = len(feed)
+        guesses: list[mx.array] = []
+        dists: list[mx.array] = []
+        keys = mx.random.split(key, k) if key is not None else None
+        steps = 0
+        for i in range(k):
+            steps += 1
+            logits = self.state.forward(feed)[-1:, : self.vocab_size]
+            if params.greedy:
+                q, token = None, mx.argmax(logits, axis=-1)
+            else:
+                q = probabilities(logits, params)
+                token = sample(q, keys[i])
+            if confidence_floor is not None:
+                dist = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
+                if dist.max().item() < confidence_floor:
+                    break
+            guesses.append(token)
+            if q is not None:
+                dists.append(q)
+            if i + 1 < k:
+                # The last guess needs no forward pass of its own: the target scores it.
+                feed = token.astype(mx.uint32)
+                fed += 1
+                mx.async_eval(feed)
+        tokens = mx.concatenate(guesses).tolist() if guesses else []
+        q = mx.concatenate(dists, axis=0) if dists else None
+        if q is not None:
+            mx.eval(q)
+        return Draft(tokens=tokens, q=q, steps=steps, fed=fed)

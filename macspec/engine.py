@@ -1,0 +1,216 @@
+"""The guess-and-verify loop, as a generator of events.
+
+Two layers, as in mlx-lm: `_cycles` drafts, verifies, accepts and rolls back, yielding
+token ids and cycle records; `Engine.generate` turns those into text, stops and stats.
+Plain decoding is the same loop with nothing drafted, so both share every stop rule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macspec.cached import CachedModel
+from macspec.drafters import Draft, Drafter
+from macspec.errors import MacspecError
+from macspec.events import Cycle, Done, Event, Source, Token
+from macspec.policy import AutoPolicy, DraftPolicy
+from macspec.sampling import KeyStream, SamplingParams, probabilities
+from macspec.stats import Stats
+from macspec.stops import StopScanner
+from macspec.verify import Verdict, verify_greedy, verify_sampled
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """What to generate and when to stop."""
+
+    max_tokens: int = 256
+    """Most tokens to generate."""
+    sampling: SamplingParams = SamplingParams()
+    """Temperature and filters; the default is greedy."""
+    stop_strings: tuple[str, ...] = ()
+    """Text that ends the answer when it appears (it is not shown)."""
+    seed: int | None = None
+    """Seed for sampled runs; None draws a fresh one."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise MacspecError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+
+
+class Engine:
+    """A target model, an optional drafter, and their caches, reused across generations."""
+
+    def __init__(
+        self,
+        target: nn.Module,
+        tokenizer,
+        drafter: Drafter | None = None,
+        policy: DraftPolicy | None = None,
+        vocab_size: int | None = None,
+    ):
+        self.target = CachedModel(target, name="target model")
+        if drafter is not None:
+            self.target.require_trimmable()
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.drafter = drafter
+        self.policy = policy if policy is not None or drafter is None else AutoPolicy()
+        self.vocab_size = vocab_size
+        """Ids both models score (the draft's embedding table may be padded differently)."""
+
+    # -- the raw loop --------------------------------------------------------------------
+    def _cycles(
+        self, prompt: list[int], config: GenerationConfig, keys: KeyStream | None, stats: Stats
+    ) -> Iterator[Cycle | tuple[int, Source]]:
+        target, drafter, params = self.target, self.drafter, config.sampling
+        started = time.perf_counter()
+        pending = target.reuse(prompt)
+        stats.prefilled_tokens = len(pending)
+        target.prefill(pending[:-1])
+        if drafter is not None:
+            drafter.start(prompt)
+        stats.prefill_s = time.perf_counter() - started
+
+        context = list(prompt)
+        delivered = 0  # ids handed to the consumer; on exit the caches keep only those
+        try:
+            while delivered < config.max_tokens:
+                begun = time.perf_counter()
+                requested = self.policy.draft_length() if drafter is not None else 0
+                # The target adds one token of its own: never guess past max_tokens.
+                k = min(requested, config.max_tokens - delivered - 1)
+                draft = Draft(tokens=[])
+                if k > 0:
+                    key = keys.next() if keys is not None else None
+                    draft = drafter.propose(context, k, params, key, self.policy.confidence_floor)
+                    draft = self._cut_at_eos(draft)
+                drafted = time.perf_counter()
+
+                guesses = draft.tokens
+                logits = target.forward(context[len(target) :] + guesses)
+                logits = logits[-(len(guesses) + 1) :, : self.vocab_size]
+                verdict = self._verify(logits, draft, params, keys)
+                verified = time.perf_counter()
+
+                n = verdict.accepted
+                target.trim_to(len(context) + n)  # the new token is fed next cycle
+                context += guesses[:n] + [verdict.token]
+                if drafter is not None:
+                    drafter.rollback(len(context) - 1)
+                cycle = Cycle(
+                    requested=requested,
+                    proposed=len(guesses),
+                    accepted=n,
+                    draft_s=drafted - begun,
+                    verify_s=verified - drafted,
+                    overhead_s=time.perf_counter() - verified,
+                    draft_steps=draft.steps,
+                    draft_fed=draft.fed,
+                )
+                if drafter is not None:
+                    self.policy.observe(cycle)
+                # The record comes first: a consumer that stops mid-cycle has still counted it.
+                yield cycle
+                for i, token in enumerate(guesses[:n] + [verdict.token]):
+                    delivered += 1
+                    yield token, (Source.DRAFT if i < n else Source.TARGET)
+        finally:
+            # Closed early (EOS, stop string, cancel, Ctrl-C): drop what was not delivered.
+            keep = len(prompt) + delivered - 1
+            target.trim_to(keep)
+            if drafter is not None:
+                drafter.rollback(keep)
+
+    def _cut_at_eos(self, draft: Draft) -> Draft:
+        for i, token in enumerate(draft.tokens):
+            if token in self.eos_ids:  # nothing after an end of sequence can be used
+                q = draft.q[: i + 1] if draft.q is not None else None
+                return Draft(draft.tokens[: i + 1], q, draft.steps, draft.fed)
+        return draft
+
+    def _verify(
+        self, logits: mx.array, draft: Draft, params: SamplingParams, keys: KeyStream | None
+    ) -> Verdict:
+        if params.greedy:
+            return verify_greedy(logits, draft.tokens)
+        return verify_sampled(probabilities(logits, params), draft.q, draft.tokens, keys.next())
+
+    # -- events ----------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Sequence[int],
+        config: GenerationConfig = GenerationConfig(),
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Iterator[Event]:
+        """Yield Token and Cycle events, then one Done.
+
+        `cancelled` is polled after every token; when it returns True the generation ends
+        with finish_reason 'cancelled' (closing the generator works too, without a Done).
+        """
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise MacspecError("the prompt is empty")
+        stats = Stats(prompt_tokens=len(prompt))
+        keys = None if config.sampling.greedy else KeyStream(config.seed)
+        detokenizer = self.tokenizer.detokenizer
+        detokenizer.reset()
+        scanner = StopScanner(config.stop_strings)
+        tokens: list[int] = []
+        sources: list[Source] = []
+        finish, stopped_at = "length", None
+        started = time.perf_counter()
+        first_at = last_at = None
+
+        raw = self._cycles(prompt, config, keys, stats)
+        try:
+            for item in raw:
+                if isinstance(item, Cycle):
+                    stats.add_cycle(item)
+                    yield item
+                    continue
+                token, source = item
+                last_at = time.perf_counter()
+                if first_at is None:
+                    first_at = last_at
+                if token in self.eos_ids:
+                    finish = "stop"
+                    break
+                tokens.append(token)
+                sources.append(source)
+                detokenizer.add_token(token)
+                text, hit = scanner.feed(detokenizer.text)
+                yield Token(token, text, source)
+                if hit:
+                    finish, stopped_at = "stop_string", scanner.released
+                    break
+                if len(tokens) >= config.max_tokens:
+                    break
+                if cancelled is not None and cancelled():
+                    finish = "cancelled"
+                    break
+        finally:
+            raw.close()
+
+        detokenizer.finalize()
+        full_text = detokenizer.text
+        tail = "" if stopped_at is not None else scanner.flush(full_text)
+        ended = time.perf_counter()
+        stats.generated_tokens = len(tokens)
+        stats.elapsed_s = ended - started
+        if first_at is not None:
+            stats.ttft_s = first_at - started
+            stats.decode_s = last_at - first_at
+        yield Done(
+            finish_reason=finish,
+            text=full_text[:stopped_at] if stopped_at is not None else full_text,
+            tail=tail,
+            tokens=tokens,
+            sources=sources,
+            stats=stats,
+        )

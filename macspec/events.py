@@ -1,0 +1,75 @@
+"""What the engine yields. Renderers (CLI, TUI, bench) only ever see these."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from macspec.stats import Stats
+
+
+class Source(str, Enum):
+    """Who produced a token."""
+
+    DRAFT = "draft"
+    """A drafted guess the target accepted."""
+    TARGET = "target"
+    """The target's own token: a correction, a bonus token, or plain decoding."""
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token."""
+
+    id: int
+    """The token id."""
+    text: str
+    """Text released with this token; may be empty while bytes of a character or a
+    possible stop string are held back."""
+    source: Source
+    """Whether an accepted draft guess or the target produced it."""
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One guess-and-verify cycle (a plain decoding step is a cycle with nothing proposed)."""
+
+    requested: int
+    """Draft length the policy asked for."""
+    proposed: int
+    """Tokens actually drafted (drafting stops early on low confidence or EOS)."""
+    accepted: int
+    """Drafted tokens the target kept."""
+    draft_s: float
+    """Seconds spent drafting."""
+    verify_s: float
+    """Seconds of the target's verify pass and the acceptance rule."""
+    overhead_s: float
+    """Other seconds of the cycle (bookkeeping between passes)."""
+    draft_steps: int
+    """Forward passes the drafter ran."""
+    draft_fed: int
+    """Ids the drafter processed (more than draft_steps when it catches up after plain steps)."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """The end of a generation. Always the last event, also after a stop or cancel."""
+
+    finish_reason: str
+    """'stop' (EOS), 'stop_string', 'length' (max tokens) or 'cancelled'."""
+    text: str
+    """The whole answer as it should be shown (stop string excluded)."""
+    tail: str
+    """Text released only now (held back for a possible stop string); renderers print it."""
+    tokens: list[int]
+    """Generated ids, EOS excluded."""
+    sources: list[Source]
+    """Source of each id in tokens."""
+    stats: Stats
+    """Counters and derived figures for the whole generation."""
+
+
+Event = Token | Cycle | Done

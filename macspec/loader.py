@@ -1,0 +1,97 @@
+"""Load a target and its draft with mlx-lm, and check they can work together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.utils import load as mlx_load
+
+from macspec.errors import MacspecError
+
+DRAFT_FRACTION_WARNING = 0.25
+"""A draft above this share of the target's weight bytes rarely pays for itself."""
+
+
+@dataclass
+class LoadedModels:
+    """A target, its tokenizer, and optionally a compatible draft."""
+
+    target: nn.Module
+    tokenizer: object
+    """mlx-lm's TokenizerWrapper of the target (the draft shares it)."""
+    target_path: Path
+    draft: nn.Module | None = None
+    draft_path: Path | None = None
+    vocab_size: int | None = None
+    """Ids both models score; None when there is no draft or both tables are the same size."""
+    warnings: list[str] = field(default_factory=list)
+    """Things the user should know (printed by the CLI, shown by the TUI)."""
+
+
+def load_model(path: Path, role: str) -> tuple[nn.Module, object]:
+    """mlx_lm.load on a local folder, with its failures turned into one-line errors."""
+    if not (path / "config.json").is_file():
+        raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
+    try:
+        return mlx_load(str(path))
+    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+
+
+def weight_bytes(model: nn.Module) -> int:
+    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def output_vocab_size(model: nn.Module) -> int | None:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    return int(size) if size else None
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Same ids for the same tokens, specials included: guesses are only comparable then."""
+    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    mismatch = f"{draft_name} cannot draft for {target_name}: their tokenizers differ"
+    if len(target_vocab) != len(draft_vocab):
+        raise MacspecError(f"{mismatch} ({len(target_vocab)} vs {len(draft_vocab)} tokens)")
+    for token, token_id in target_vocab.items():
+        if draft_vocab.get(token) != token_id:
+            raise MacspecError(
+                f"{mismatch} (token {token!r} is id {token_id} vs {draft_vocab.get(token)})"
+            )
+    target_eos, draft_eos = set(target_tok.eos_token_ids), set(draft_tok.eos_token_ids)
+    if not target_eos & draft_eos:
+        raise MacspecError(
+            f"{mismatch} (end-of-sequence ids {sorted(target_eos)} vs {sorted(draft_eos)})"
+        )
+
+
+def load_models(target_path: Path, draft_path: Path | None = None) -> LoadedModels:
+    """Load the target and, if given, the draft; refuse a draft that cannot work with it."""
+    target, tokenizer = load_model(target_path, "model")
+    loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
+    if draft_path is None:
+        return loaded
+    draft, draft_tokenizer = load_model(draft_path, "draft model")
+    check_same_tokenizer(tokenizer, draft_tokenizer, str(target_path), str(draft_path))
+    loaded.draft, loaded.draft_path = draft, draft_path
+
+    sizes = [output_vocab_size(target), output_vocab_size(draft)]
+    if None not in sizes and sizes[0] != sizes[1]:
+        # Padded embedding tables (Qwen's 0.5B vs 7B): score only the ids both know.
+        loaded.vocab_size = min(sizes)
+        if loaded.vocab_size < len(tokenizer.get_vocab()):
+            raise MacspecError(
+                f"{draft_path} scores only {loaded.vocab_size} ids, fewer than the tokenizer has"
+            )
+    fraction = weight_bytes(draft) / max(1, weight_bytes(target))
+    if fraction > DRAFT_FRACTION_WARNING:
+        loaded.warnings.append(
+            f"the draft is {fraction:.0%} of the target's size; speculation rarely pays "
+            "with a draft above 25% (pick a smaller draft, or --no-draft)"
+        )
+    return loaded

@@ -1,0 +1,174 @@
+"""How many tokens to guess next.
+
+`FixedPolicy` always asks for k. `AutoPolicy` asks for the k that maximises expected tokens
+per second, from what it measures on this device: the target's pass time over m tokens,
+the draft's step time, and the acceptance rate at each draft position. Where speculation
+does not pay (a CPU, where a pass over m tokens costs about m single passes), it settles on
+k = 0, plain decoding, and probes now and then so it can switch back.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from macspec.errors import MacspecError
+from macspec.events import Cycle
+
+
+class DraftPolicy(Protocol):
+    """Chooses the draft length of each cycle and learns from its outcome."""
+
+    confidence_floor: float | None
+    """Stop drafting before a guess the draft is less sure of than this (None: never)."""
+
+    def draft_length(self) -> int:
+        """Tokens to guess in the next cycle; 0 means a plain target step."""
+
+    def observe(self, cycle: Cycle) -> None:
+        """Learn from a finished cycle."""
+
+
+class FixedPolicy:
+    """Always guess k tokens (mlx-lm's `--num-draft-tokens`)."""
+
+    confidence_floor = None
+
+    def __init__(self, k: int):
+        if k < 1:
+            raise MacspecError(f"--num-draft-tokens must be >= 1 (or 'auto'), got {k}")
+        self.k = k
+
+    def draft_length(self) -> int:
+        return self.k
+
+    def observe(self, cycle: Cycle) -> None:
+        pass
+
+
+class _Ema:
+    """An exponential moving average that is None until its first sample."""
+
+    def __init__(self, weight: float):
+        self.weight = weight
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        if self.value is None:
+            self.value = sample
+        else:
+            self.value += self.weight * (sample - self.value)
+
+
+class AutoPolicy:
+    """Cost-aware draft length with a confidence stop.
+
+    Expected tokens from a cycle of k guesses: E(k) = 1 + sum_j prod_{i<=j} a_i, where a_i is
+    the chance the i-th guess is kept given the ones before were. Its cost:
+    k * draft_step + T(k + 1) + overhead, T(m) being a target pass over m tokens.
+    """
+
+    def __init__(
+        self,
+        max_k: int = 8,
+        confidence_floor: float | None = 0.4,
+        start_k: int = 4,
+        probe_every: int = 12,
+        memory: float = 0.95,
+    ):
+        self.max_k = max_k
+        self.confidence_floor = confidence_floor
+        self.probe_every = probe_every
+        self.memory = memory
+        """Decay of the acceptance counts per observation, so estimates follow the text."""
+        # Acceptance by position: decayed counts of guesses reached and kept (Beta(1, 1) prior).
+        self._reached = [0.0] * (max_k + 1)
+        self._kept = [0.0] * (max_k + 1)
+        self._pass_time = {m: _Ema(0.3) for m in range(1, max_k + 2)}
+        self._draft_step = _Ema(0.3)
+        self._overhead = _Ema(0.3)
+        self._cycles = 0
+        self._warmup = [start_k, 0]  # one pass of each shape before trusting the model
+        self.last_choice = start_k
+
+    # -- estimates -------------------------------------------------------------------------
+    def acceptance(self, position: int) -> float:
+        """Chance the guess at `position` (1-based) is kept, given the ones before were."""
+        for i in range(position, 0, -1):  # unseen deep positions borrow the deepest seen
+            if self._reached[i] >= 1:
+                return (self._kept[i] + 1) / (self._reached[i] + 2)
+        return 0.5
+
+    def pass_time(self, m: int) -> float | None:
+        """Estimated seconds of a target pass over m tokens: measured, else a linear fit."""
+        measured = {n: e.value for n, e in self._pass_time.items() if e.value is not None}
+        if m in measured:
+            return measured[m]
+        if len(measured) < 2:
+            return None
+        xs, ys = list(measured), list(measured.values())
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mean_x) ** 2 for x in xs)
+        slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var)
+        return max(1e-9, mean_y + slope * (m - mean_x))
+
+    def expected_rate(self, k: int) -> float | None:
+        """Expected tokens per second of a cycle of k guesses."""
+        verify = self.pass_time(k + 1)
+        if verify is None or (k and self._draft_step.value is None):
+            return None
+        tokens, chain = 1.0, 1.0
+        for i in range(1, k + 1):
+            chain *= self.acceptance(i)
+            tokens += chain
+        cost = verify + k * (self._draft_step.value or 0.0) + (self._overhead.value or 0.0)
+        return tokens / cost
+
+    def best_k(self) -> int | None:
+        rates = {k: self.expected_rate(k) for k in range(self.max_k + 1)}
+        known = {k: r for k, r in rates.items() if r is not None}
+        return max(known, key=known.__getitem__) if known else None
+
+    # -- the policy interface ----------------------------------------------------------------
+    def draft_length(self) -> int:
+        self._cycles += 1
+        if self._warmup:
+            choice = self._warmup.pop(0)
+        else:
+            choice = self.best_k()
+            if choice is None:
+                choice = self.last_choice
+            elif self._cycles % self.probe_every == 0:
+                # Explore a neighbour so the estimates never go stale where we are not.
+                if choice == 0:
+                    choice = 2
+                elif self._cycles % (2 * self.probe_every) == 0:
+                    choice = 0
+                else:
+                    choice = min(self.max_k, choice + 1)
+        self.last_choice = choice
+        return choice
+
+    def observe(self, cycle: Cycle) -> None:
+        self._pass_time[min(cycle.proposed + 1, self.max_k + 1)].add(cycle.verify_s)
+        self._overhead.add(cycle.overhead_s)
+        if cycle.draft_steps and cycle.draft_fed <= cycle.draft_steps + 1:
+            # Catch-up passes after plain steps are not what a guess costs: skip those.
+            self._draft_step.add(cycle.draft_s / cycle.draft_steps)
+        for i in range(1, cycle.proposed + 1):
+            self._reached[i] = self._reached[i] * self.memory + 1
+            self._kept[i] = self._kept[i] * self.memory + (1 if i <= cycle.accepted else 0)
+            if i > cycle.accepted:
+                break  # later guesses were never judged
+
+
+def make_policy(spec: str | int, max_k: int = 8) -> DraftPolicy:
+    """'auto' or a positive integer, as given to --num-draft-tokens."""
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        return AutoPolicy(max_k=max_k)
+    try:
+        k = int(spec)
+    except (TypeError, ValueError):
+        raise MacspecError(
+            f"--num-draft-tokens must be a positive integer or 'auto', got {spec!r}"
+        ) from None
+    return FixedPolicy(k)

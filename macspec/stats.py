@@ -1,0 +1,88 @@
+"""Counters of a generation and the figures derived from them. The engine only counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from macspec.events import Cycle
+
+
+@dataclass
+class Stats:
+    """Counts for one generation; rates are derived, never stored."""
+
+    prompt_tokens: int = 0
+    """Ids in the prompt."""
+    prefilled_tokens: int = 0
+    """Prompt ids the target actually processed (fewer when a cached prefix was reused)."""
+    generated_tokens: int = 0
+    """Ids delivered to the caller (EOS excluded)."""
+    target_passes: int = 0
+    """Target forward passes after prefill: one per cycle."""
+    draft_proposed: int = 0
+    """Guesses sent to the target for verification."""
+    draft_accepted: int = 0
+    """Guesses the target kept."""
+    accepted_histogram: list[int] = field(default_factory=list)
+    """accepted_histogram[n]: cycles that proposed something and kept exactly n guesses."""
+    ttft_s: float = 0.0
+    """Seconds from the start to the first token (prefill included)."""
+    decode_s: float = 0.0
+    """Seconds from the first token to the last."""
+    elapsed_s: float = 0.0
+    """Seconds for the whole generation."""
+    prefill_s: float = 0.0
+    """Seconds spent prefilling the prompt."""
+    draft_s: float = 0.0
+    """Seconds spent drafting."""
+    verify_s: float = 0.0
+    """Seconds spent in target verify passes."""
+
+    def add_cycle(self, cycle: Cycle) -> None:
+        self.target_passes += 1
+        self.draft_s += cycle.draft_s
+        self.verify_s += cycle.verify_s
+        if cycle.proposed:
+            self.draft_proposed += cycle.proposed
+            self.draft_accepted += cycle.accepted
+            missing = cycle.accepted + 1 - len(self.accepted_histogram)
+            self.accepted_histogram.extend([0] * max(0, missing))
+            self.accepted_histogram[cycle.accepted] += 1
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Share of guesses the target kept; None when nothing was proposed."""
+        return self.draft_accepted / self.draft_proposed if self.draft_proposed else None
+
+    @property
+    def tokens_per_pass(self) -> float | None:
+        """Generated ids per target pass: 1.0 plain, up to k + 1 with a perfect draft."""
+        return self.generated_tokens / self.target_passes if self.target_passes else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after the first: the steady decode rate."""
+        if self.generated_tokens < 2 or self.decode_s <= 0:
+            return None
+        return (self.generated_tokens - 1) / self.decode_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefilled_tokens": self.prefilled_tokens,
+            "generated_tokens": self.generated_tokens,
+            "target_passes": self.target_passes,
+            "draft_proposed": self.draft_proposed,
+            "draft_accepted": self.draft_accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_pass": self.tokens_per_pass,
+            "accepted_histogram": list(self.accepted_histogram),
+            "ttft_s": self.ttft_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "elapsed_s": self.elapsed_s,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+        }
