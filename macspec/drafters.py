@@ -29,6 +29,8 @@ class Draft:
     """Forward passes the drafter ran (its cost, for the draft-length policy)."""
     fed: int = 0
     """Ids the drafter's model processed, catch-up after plain target steps included."""
+    source: str = "model"
+    """Which kind of guess this is ('model', 'lookup'), for per-source acceptance."""
 
 
 class Drafter(Protocol):
@@ -114,4 +116,4 @@ class ModelDrafter:
         q = mx.concatenate(dists, axis=0) if dists else None
         if q is not None:
             mx.eval(q)
-        return Draft(tokens=tokens, q=q, steps=steps, fed=fed)
+        return Draft(tokens=tokens, q=q, steps=steps, fed=fed, source=self.name)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -112,6 +112,7 @@ class Engine:
                     overhead_s=time.perf_counter() - verified,
                     draft_steps=draft.steps,
                     draft_fed=draft.fed,
+                    draft_source=draft.source if guesses else None,
                 )
                 if drafter is not None:
                     self.policy.observe(cycle)
@@ -131,7 +132,7 @@ class Engine:
         for i, token in enumerate(draft.tokens):
             if token in self.eos_ids:  # nothing after an end of sequence can be used
                 q = draft.q[: i + 1] if draft.q is not None else None
-                return Draft(draft.tokens[: i + 1], q, draft.steps, draft.fed)
+                return replace(draft, tokens=draft.tokens[: i + 1], q=q)
         return draft
 
     def _verify(

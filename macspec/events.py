@@ -52,6 +52,8 @@ class Cycle:
     """Forward passes the drafter ran."""
     draft_fed: int
     """Ids the drafter processed (more than draft_steps when it catches up after plain steps)."""
+    draft_source: str | None = None
+    """Which drafter's guesses these were ('model', 'lookup'); None when nothing was proposed."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ class Stats:
     """Guesses sent to the target for verification."""
     draft_accepted: int = 0
     """Guesses the target kept."""
+    by_source: dict[str, list[int]] = field(default_factory=dict)
+    """Per drafter kind ('model', 'lookup'): [proposed, accepted]."""
     accepted_histogram: list[int] = field(default_factory=list)
     """accepted_histogram[n]: cycles that proposed something and kept exactly n guesses."""
     ttft_s: float = 0.0
@@ -46,6 +48,9 @@ class Stats:
         if cycle.proposed:
             self.draft_proposed += cycle.proposed
             self.draft_accepted += cycle.accepted
+            counts = self.by_source.setdefault(cycle.draft_source or "model", [0, 0])
+            counts[0] += cycle.proposed
+            counts[1] += cycle.accepted
             missing = cycle.accepted + 1 - len(self.accepted_histogram)
             self.accepted_histogram.extend([0] * max(0, missing))
             self.accepted_histogram[cycle.accepted] += 1
@@ -78,6 +83,10 @@ class Stats:
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_pass": self.tokens_per_pass,
             "accepted_histogram": list(self.accepted_histogram),
+            "by_source": {
+                name: {"proposed": p, "accepted": a, "acceptance_rate": a / p if p else None}
+                for name, (p, a) in self.by_source.items()
+            },
             "ttft_s": self.ttft_s,
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "elapsed_s": self.elapsed_s,

@@ -35,6 +35,14 @@ NumDraftTokens = Annotated[
 NoDraft = Annotated[
     bool, typer.Option("--no-draft", help="Plain decoding with the target alone (for comparison).")
 ]
+DraftSource = Annotated[
+    str,
+    typer.Option(
+        "--draft",
+        help="Where guesses come from: 'model' (the draft model), 'lookup' (n-grams of the "
+        "context, no draft model needed) or 'hybrid'.",
+    ),
+]
 Stop = Annotated[
     list[str] | None,
     typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed."),

@@ -54,6 +54,7 @@ def run(
     seed: opt.Seed = None,
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
+    draft: opt.DraftSource = "model",
     stop: opt.Stop = None,
     raw: Annotated[
         bool, typer.Option("--raw", help="Feed the prompt as is, no chat template.")
@@ -71,7 +72,7 @@ def run(
         seed=seed,
     )
     resolved = resolve_models(pair, model, draft_model)
-    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft)
+    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw)
