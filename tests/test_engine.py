@@ -1,0 +1,174 @@
+"""Greedy losslessness, exact counts, stops and cache rollback of the engine.
+
+The reference is mlx-lm's own target-only greedy decoding (`generate_step`).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+import tiny
+from mlx_lm.generate import generate_step
+
+from macspec.drafters import ModelDrafter
+from macspec.engine import Engine, GenerationConfig
+from macspec.events import Cycle, Done, Source, Token
+from macspec.policy import AutoPolicy, FixedPolicy
+
+EOS = 257
+MAX_TOKENS = 24
+PROMPTS = [
+    "hello world",
+    "def f(x):",
+    "The quick brown fox",
+    "1, 2, 3, 4,",
+    "import os\nimport sys\n",
+    "Once upon a time",
+    "SELECT * FROM",
+    "<html><body>",
+    "for i in range(10):",
+    "a",
+    "zzzz",
+    "Speculative decoding is",
+    "print('hi')",
+    "2 + 2 =",
+    "The capital of France",
+    "lorem ipsum dolor sit amet",
+    "class Foo:\n    def",
+    "{\"key\": ",
+    "# TODO:",
+    "~!@#$%^&*()",
+    "MLX on a Mac",
+    "return None",
+]
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    tiny.write_tokenizer(folder)
+    return tiny.tokenizer(folder)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny.random_model(0, scale=3.0)
+
+
+@pytest.fixture(scope="module")
+def drafts(target):
+    return {
+        "unrelated": tiny.random_model(99, scale=3.0),
+        "noisy": tiny.noisy_copy(target, 0.01, seed=1),
+        "self": target,
+    }
+
+
+def reference(model, prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
+    """mlx-lm greedy decoding of the target alone, cut at (and without) EOS."""
+    out = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
+        if token == EOS:
+            break
+        out.append(token)
+    return out
+
+
+def run(engine: Engine, prompt: list[int], **config) -> tuple[Done, list]:
+    events = list(engine.generate(prompt, GenerationConfig(**config)))
+    assert isinstance(events[-1], Done)
+    return events[-1], events
+
+
+def make_policy(spec):
+    return AutoPolicy() if spec == "auto" else FixedPolicy(spec)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tok):
+    return [tok.encode(p) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def references(target, prompt_ids):
+    return [reference(target, p) for p in prompt_ids]
+
+
+@pytest.mark.parametrize("draft_name", ["unrelated", "noisy", "self"])
+@pytest.mark.parametrize("policy", [1, 2, 4, 8, "auto"])
+def test_greedy_output_is_the_targets(tok, target, drafts, prompt_ids, references, draft_name, policy):
+    engine = Engine(target, tok, ModelDrafter(drafts[draft_name]), make_policy(policy))
+    proposed = accepted = 0
+    for prompt, expected in zip(prompt_ids, references):
+        done, events = run(engine, prompt, max_tokens=MAX_TOKENS)
+        assert done.tokens == expected
+        assert done.finish_reason == ("length" if len(expected) == MAX_TOKENS else "stop")
+        assert [e.id for e in events if isinstance(e, Token)] == expected
+        proposed += done.stats.draft_proposed
+        accepted += done.stats.draft_accepted
+    if policy != "auto":  # auto may settle on plain decoding on a CPU and propose little
+        rate = accepted / proposed
+        if draft_name == "unrelated":
+            assert rate < 0.2
+        elif draft_name == "noisy":
+            assert rate > 0.6
+        else:
+            assert rate == 1.0
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_self_draft_accepts_everything_and_makes_k_plus_one_per_pass(tok, target, prompt_ids, references, k):
+    engine = Engine(target, tok, ModelDrafter(target), FixedPolicy(k))
+    cycles = 3
+    checked = 0
+    for prompt in prompt_ids:
+        expected = reference(target, prompt, max_tokens=(k + 1) * cycles)
+        if len(expected) < (k + 1) * cycles:
+            continue  # an early EOS would cut a cycle short
+        done, _ = run(engine, prompt, max_tokens=(k + 1) * cycles)
+        assert done.tokens == expected
+        assert done.stats.acceptance_rate == 1.0
+        assert done.stats.tokens_per_pass == k + 1
+        assert done.stats.target_passes == cycles
+        assert done.stats.accepted_histogram[k] == cycles
+        assert done.sources == ([Source.DRAFT] * k + [Source.TARGET]) * cycles
+        checked += 1
+    assert checked >= 10
+
+
+def test_plain_decoding_is_mlx_lm_greedy(tok, target, prompt_ids, references):
+    engine = Engine(target, tok)
+    for prompt, expected in zip(prompt_ids, references):
+        done, _ = run(engine, prompt, max_tokens=MAX_TOKENS)
+        assert done.tokens == expected
+        # One pass per token; the pass that produced EOS counts, its EOS is not delivered.
+        eos_pass = 1 if done.finish_reason == "stop" else 0
+        assert done.stats.target_passes == len(expected) + eos_pass
+        assert done.stats.acceptance_rate is None
+
+
+def test_quantized_pair_is_lossless(tok, target, prompt_ids):
+    target_q = tiny.quantized(target)
+    draft_q = tiny.quantized(tiny.noisy_copy(target, 0.05, seed=2))
+    for policy in (FixedPolicy(3), AutoPolicy()):
+        engine = Engine(target_q, tok, ModelDrafter(draft_q), policy)
+        for prompt in prompt_ids:
+            done, _ = run(engine, prompt, max_tokens=MAX_TOKENS)
+            assert done.tokens == reference(target_q, prompt)
+
+
+def test_cycle_records_add_up(tok, target, drafts, prompt_ids, references):
+    # A prompt that runs to max_tokens: every accepted guess is then also delivered.
+    prompt = next(p for p, ref in zip(prompt_ids, references) if len(ref) == MAX_TOKENS)
+    engine = Engine(target, tok, ModelDrafter(drafts["noisy"]), FixedPolicy(4))
+    done, events = run(engine, prompt, max_tokens=MAX_TOKENS)
+    cycles = [e for e in events if isinstance(e, Cycle)]
+    stats = done.stats
+    assert stats.target_passes == len(cycles)
+    assert stats.draft_proposed == sum(c.proposed for c in cycles)
+    assert stats.draft_accepted == sum(c.accepted for c in cycles)
+    assert sum(stats.accepted_histogram) == sum(1 for c in cycles if c.proposed)
+    assert stats.generated_tokens == len(done.tokens)
+    assert stats.tokens_per_pass == pytest.approx(len(done.tokens) / len(cycles))
+    assert done.sources.count(Source.DRAFT) == stats.draft_accepted
+    assert stats.by_source["model"] == [stats.draft_proposed, stats.draft_accepted]
