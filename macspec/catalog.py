@@ -7,6 +7,7 @@ of `[[pair]]` tables, so a name given twice in one file is detectable and report
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from macspec import hub
 from macspec.errors import MacspecError
 from macspec.home import config_path, load_config, read_toml, user_catalog_path
+from macspec.memory import MemoryEstimate, estimate, weight_bytes
 
 SHIPPED_CATALOG = Path(__file__).with_name("models.toml")
 DEFAULT_PAIR = "demo"
@@ -154,9 +156,7 @@ def default_pair_name() -> str:
     return load_config().default_pair or DEFAULT_PAIR
 
 
-def resolve_models(
-    pair: str | None, model: str | None, draft_model: str | None
-) -> ResolvedModels:
+def resolve_models(pair: str | None, model: str | None, draft_model: str | None) -> ResolvedModels:
     """Turn `--pair` / `--model` / `--draft-model` into local model folders, offline.
 
     `--pair NAME` uses the pair (a `--draft-model` replaces its draft); `--model` alone means
@@ -182,7 +182,8 @@ def resolve_models(
     draft_name = draft_model if draft_model is not None else chosen.draft
     target_path = _pair_model_path(chosen, chosen.target)
     draft_path = (
-        hub.local_model_path(draft_model) if draft_model is not None
+        hub.local_model_path(draft_model)
+        if draft_model is not None
         else _pair_model_path(chosen, chosen.draft)
     )
     return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen)
@@ -196,3 +197,49 @@ def _pair_model_path(pair: Pair, name: str) -> Path:
         raise MacspecError(
             f"pair '{pair.name}' is not downloaded ({name} missing); run: macspec pull {pair.name}"
         ) from None
+
+
+@dataclass(frozen=True)
+class PairStatus:
+    """A pair as it stands on this machine: what is downloaded, its size, its memory need."""
+
+    pair: Pair
+    """The catalog entry."""
+    target_path: Path | None
+    """Local folder of the target, or None when it is not (completely) downloaded."""
+    draft_path: Path | None
+    """Local folder of the draft, or None when it is not (completely) downloaded."""
+    target_size_bytes: int | None
+    """Bytes of the target's files on disk; None when not downloaded."""
+    draft_size_bytes: int | None
+    """Bytes of the draft's files on disk; None when not downloaded."""
+    memory: MemoryEstimate
+    """Weights plus full-context KV caches, and whether that fits this machine."""
+
+    @property
+    def downloaded(self) -> bool:
+        """Both target and draft are here."""
+        return self.target_path is not None and self.draft_path is not None
+
+
+def pair_status(pair: Pair) -> PairStatus:
+    """Look a pair up on disk (offline) and estimate its memory."""
+    paths = [hub.find_local(pair.target), hub.find_local(pair.draft)]
+    sizes = [hub.size_on_disk(p) if p is not None else None for p in paths]
+    if all(p is not None for p in paths):
+        weights = sum(weight_bytes(p) for p in paths)  # type: ignore[arg-type]
+    else:
+        weights = int(pair.size_gb * 1e9)
+    configs = [_model_config(name, path) for name, path in zip((pair.target, pair.draft), paths)]
+    memory = estimate(weights, configs, pair.context_length)
+    return PairStatus(pair, paths[0], paths[1], sizes[0], sizes[1], memory)
+
+
+def _model_config(name: str, path: Path | None) -> dict | None:
+    """A model's config.json from its folder, or from a partial download in the cache."""
+    if path is not None:
+        try:
+            return json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+    return hub.cached_config(name) if hub.is_repo_id(name) else None

@@ -15,21 +15,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import constants, hf_hub_download, snapshot_download
+from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
-    DryRunError,
     GatedRepoError,
     HfHubHTTPError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
 )
+from huggingface_hub.utils import filter_repo_objects
 from tqdm.std import tqdm as std_tqdm
 
 from macspec.errors import MacspecError
 
 ALLOW_PATTERNS = [
-    "*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
-    "tiktoken.model", "*.txt", "*.jsonl", "*.jinja",
+    "*.json",
+    "model*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
 ]
 """The files a model needs, as mlx-lm's own downloader fetches them."""
 PACKAGE_PREFIX = "package:"
@@ -69,8 +76,12 @@ def is_package_spec(name: str) -> bool:
 
 def is_repo_id(name: str) -> bool:
     """True when `name` looks like `org/name` rather than a local path or package spec."""
-    return (name.count("/") == 1 and not name.startswith((".", "/", "~"))
-            and not is_package_spec(name) and all(name.split("/")))
+    return (
+        name.count("/") == 1
+        and not name.startswith((".", "/", "~"))
+        and not is_package_spec(name)
+        and all(name.split("/"))
+    )
 
 
 def package_path(name: str) -> Path:
@@ -100,11 +111,22 @@ def is_complete(path: Path) -> bool:
 def cached_model_path(repo: str) -> Path | None:
     """The complete local snapshot of `repo`, or None; never touches the network."""
     try:
-        path = Path(snapshot_download(repo, local_files_only=True, cache_dir=hf_cache_dir(),
-                                      allow_patterns=ALLOW_PATTERNS))
+        path = Path(
+            snapshot_download(
+                repo, local_files_only=True, cache_dir=hf_cache_dir(), allow_patterns=ALLOW_PATTERNS
+            )
+        )
     except LocalEntryNotFoundError:  # includes an incomplete (interrupted) snapshot
         return None
     return path if is_complete(path) else None
+
+
+def find_local(name: str) -> Path | None:
+    """Like `local_model_path`, but None instead of an error when the model is not here."""
+    try:
+        return local_model_path(name)
+    except MacspecError:
+        return None
 
 
 def local_model_path(name: str) -> Path:
@@ -165,42 +187,54 @@ class DownloadPlan:
 
 def _hub_error(repo: str, exc: BaseException) -> MacspecError:
     """One line for a failure to reach or use the hub while pulling `repo`."""
-    cause = exc.__cause__ if isinstance(exc, DryRunError) and exc.__cause__ else exc
+    cause = exc
     if isinstance(cause, GatedRepoError):
         return MacspecError(f"{repo} is gated: accept its terms on huggingface.co and log in")
     if isinstance(cause, RepositoryNotFoundError):
         return MacspecError(f"{repo}: no such model on the Hugging Face hub (or it is private)")
     if isinstance(cause, HfHubHTTPError) and cause.response is not None:
-        return MacspecError(f"cannot download {repo}: the hub answered HTTP "
-                            f"{cause.response.status_code}")
+        return MacspecError(
+            f"cannot download {repo}: the hub answered HTTP {cause.response.status_code}"
+        )
     detail = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
     return MacspecError(f"cannot reach the Hugging Face hub to download {repo} ({detail})")
 
 
 def _require_online(repo: str) -> None:
     if is_offline():
-        raise MacspecError(f"{repo} is not downloaded and HF_HUB_OFFLINE is set; "
-                           "unset it to download")
+        raise MacspecError(
+            f"{repo} is not downloaded and HF_HUB_OFFLINE is set; unset it to download"
+        )
 
 
 def plan_download(repo: str) -> DownloadPlan:
-    """Ask the hub which of `repo`'s files are still to fetch, and their sizes (network)."""
+    """Ask the hub which of `repo`'s model files are not in the cache yet, and their sizes.
+
+    Network, but writes nothing: a refused pull leaves the cache as it was.
+    """
     _require_online(repo)
     try:
-        infos = snapshot_download(repo, dry_run=True, cache_dir=hf_cache_dir(),
-                                  allow_patterns=ALLOW_PATTERNS, endpoint=_endpoint())
+        info = HfApi(endpoint=_endpoint()).model_info(repo, files_metadata=True)
     except Exception as exc:  # noqa: BLE001  (every hub failure becomes one line)
         raise _hub_error(repo, exc) from None
-    todo = [info for info in infos if info.will_download]
-    return DownloadPlan(repo, sum(info.file_size or 0 for info in todo), len(todo))
+    sizes = {s.rfilename: s.size or 0 for s in info.siblings or []}
+    snapshot = repo_cache_folder(repo) / "snapshots" / str(info.sha)
+    todo = [
+        name
+        for name in filter_repo_objects(list(sizes), allow_patterns=ALLOW_PATTERNS)
+        if not (snapshot / name).is_file()
+    ]
+    return DownloadPlan(repo, sum(sizes[name] for name in todo), len(todo))
 
 
 def check_disk_space(needed_bytes: int, what: str) -> None:
     """Refuse (one line) when the HF cache's disk has less than `needed_bytes` free."""
     free = free_disk_bytes(hf_cache_dir())
     if needed_bytes > free:
-        raise MacspecError(f"not enough disk space for {what}: needs {needed_bytes / 1e9:.1f} GB, "
-                           f"{free / 1e9:.1f} GB free in {hf_cache_dir()}")
+        raise MacspecError(
+            f"not enough disk space for {what}: needs {needed_bytes / 1e9:.1f} GB, "
+            f"{free / 1e9:.1f} GB free in {hf_cache_dir()}"
+        )
 
 
 @dataclass(frozen=True)
@@ -263,13 +297,21 @@ def download(repo: str, on_progress: ProgressCallback | None = None) -> Path:
     _require_online(repo)
     tqdm_class = _progress_class(repo, on_progress) if on_progress else None
     try:
-        path = Path(snapshot_download(repo, cache_dir=hf_cache_dir(), allow_patterns=ALLOW_PATTERNS,
-                                      endpoint=_endpoint(), tqdm_class=tqdm_class))
+        path = Path(
+            snapshot_download(
+                repo,
+                cache_dir=hf_cache_dir(),
+                allow_patterns=ALLOW_PATTERNS,
+                endpoint=_endpoint(),
+                tqdm_class=tqdm_class,
+            )
+        )
     except Exception as exc:  # noqa: BLE001  (every hub failure becomes one line)
         raise _hub_error(repo, exc) from None
     if not is_complete(path):
-        raise MacspecError(f"{repo}: downloaded, but it has no config.json or weights; "
-                           "is it an mlx-lm model?")
+        raise MacspecError(
+            f"{repo}: downloaded, but it has no config.json or weights; is it an mlx-lm model?"
+        )
     return path
 
 
@@ -284,13 +326,16 @@ def cached_config(repo: str) -> dict | None:
 
 
 def download_config(repo: str) -> dict | None:
-    """Fetch just `config.json` (small) so memory can be estimated before the weights come."""
-    _require_online(repo)
+    """`config.json` (small) from the cache or else the hub, so memory can be estimated before
+    the weights come; None when it cannot be had (best effort, never an error)."""
+    cached = cached_config(repo)
+    if cached is not None or is_offline():
+        return cached
     try:
         path = hf_hub_download(repo, "config.json", cache_dir=hf_cache_dir(), endpoint=_endpoint())
         return json.loads(Path(path).read_text(encoding="utf-8"))
-    except Exception as exc:  # noqa: BLE001  (every hub failure becomes one line)
-        raise _hub_error(repo, exc) from None
+    except Exception:  # noqa: BLE001  (only a warning depends on it)
+        return None
 
 
 def remove_repo(repo: str) -> int:

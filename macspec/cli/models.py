@@ -1,0 +1,262 @@
+"""`macspec models`, `macspec pull`, `macspec rm`: the catalog of pairs and the model cache."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from macspec import hub
+from macspec.catalog import Catalog, Pair, PairStatus, load_catalog, pair_status
+from macspec.cli.app import app, fail
+from macspec.memory import estimate, machine_memory_bytes, usable_memory_bytes
+
+NameArg = Annotated[str, typer.Argument(
+    help="A pair name from `macspec models`, or one Hugging Face repo id (org/name).",
+    metavar="PAIR|REPO", show_default=False)]
+
+
+def _gb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e9:.1f} GB"
+
+
+def _stderr() -> Console:
+    return Console(stderr=True)
+
+
+# ---- macspec models -------------------------------------------------------------------------
+
+
+def _status_json(status: PairStatus) -> dict:
+    pair, memory = status.pair, status.memory
+    on_disk = [s for s in (status.target_size_bytes, status.draft_size_bytes) if s is not None]
+    return {
+        "name": pair.name,
+        "description": pair.description,
+        "target": pair.target,
+        "draft": pair.draft,
+        "draft_policy": pair.draft_policy,
+        "context_length": pair.context_length,
+        "downloaded": status.downloaded,
+        "target_path": str(status.target_path) if status.target_path else None,
+        "draft_path": str(status.draft_path) if status.draft_path else None,
+        "target_size_bytes": status.target_size_bytes,
+        "draft_size_bytes": status.draft_size_bytes,
+        "size_on_disk_bytes": sum(on_disk),
+        "download_size_bytes": int(pair.size_gb * 1e9),
+        "weights_bytes": memory.weights_bytes,
+        "kv_cache_bytes": memory.kv_cache_bytes,
+        "memory_bytes": memory.total_bytes,
+        "available_memory_bytes": memory.available_bytes,
+        "fits": memory.fits,
+    }
+
+
+def _status_rows(statuses: list[PairStatus]) -> list[list[str]]:
+    rows = []
+    for status in statuses:
+        pair, memory = status.pair, status.memory
+        here = [p is not None for p in (status.target_path, status.draft_path)]
+        downloaded = "yes" if all(here) else "partly" if any(here) else "no"
+        on_disk = [s for s in (status.target_size_bytes, status.draft_size_bytes) if s is not None]
+        mem = _gb(memory.total_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
+        fits = {True: "yes", False: "no", None: "?"}[memory.fits]
+        rows.append([pair.name, downloaded, _gb(sum(on_disk)) if on_disk else "-",
+                     "package" if pair.is_packaged else f"~{pair.size_gb:.1f} GB",
+                     mem, fits, pair.description])
+    return rows
+
+
+def _status_table(statuses: list[PairStatus], width: int) -> Table:
+    """The table, its fixed columns at full width and the description cut to what is left."""
+    headers = ["pair", "downloaded", "on disk", "download", "memory", "fits", "description"]
+    rows = _status_rows(statuses)
+    widths = [max(len(row[i]) for row in [headers, *rows]) for i in range(len(headers) - 1)]
+    room = width - sum(widths) - 3 * len(headers) - 1  # borders and padding
+    with_description = room >= 12
+    table = Table(title="macspec model pairs", title_justify="left", caption_justify="left")
+    for header, column_width in zip(headers, widths):
+        table.add_column(header, justify="right" if header in {"on disk", "download", "memory"}
+                         else "left", no_wrap=True, min_width=column_width)
+    if with_description:
+        table.add_column("description", no_wrap=True, max_width=room)
+    for row in rows:
+        description = row[-1] if len(row[-1]) <= room else row[-1][: room - 1] + "…"
+        table.add_row(*row[:-1], *([description] if with_description else []))
+    total, usable = machine_memory_bytes(), usable_memory_bytes()
+    table.caption = (f"memory: weights + KV cache at the full context; +/?: KV cache unknown "
+                     f"until pulled. This machine: {_gb(total)}, {_gb(usable)} for models.")
+    return table
+
+
+@app.command("models")
+def models(
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a JSON list instead of a table.")
+    ] = False,
+) -> None:
+    """List model pairs: downloaded, size, memory, fit.
+
+    Each pair of the catalog, whether it is downloaded, its size on disk, its memory
+    estimate (weights plus a full-context KV cache) and whether that fits this machine.
+    The catalog ships with macspec; a models.toml in the macspec home (MACSPEC_HOME, by
+    default ~/Library/Application Support/macspec on macOS, ~/.local/share/macspec
+    elsewhere) adds pairs or replaces them by name. Sizes are approximate.
+    """
+    statuses = [pair_status(pair) for pair in load_catalog().pairs.values()]
+    if as_json:
+        typer.echo(json.dumps([_status_json(s) for s in statuses], indent=2))
+        return
+    console = Console()
+    console.print(_status_table(statuses, console.width))
+
+
+# ---- macspec pull ---------------------------------------------------------------------------
+
+
+def _members(catalog: Catalog, name: str) -> tuple[Pair | None, list[str]]:
+    """The pair called `name` (None for a repo id) and the hub repos it is made of."""
+    if hub.is_repo_id(name) and name not in catalog.pairs:
+        return None, [name]
+    pair = catalog.get(name)
+    return pair, list(dict.fromkeys(m for m in (pair.target, pair.draft) if hub.is_repo_id(m)))
+
+
+def _warn_memory(pair: Pair | None, repos: list[str], download_bytes: int) -> None:
+    """Warn on stderr when the pair (or model) will not fit this machine's memory."""
+    if pair is not None:
+        configs = [
+            hub.download_config(m) if hub.is_repo_id(m) else None for m in (pair.target, pair.draft)
+        ]
+        need = estimate(int(pair.size_gb * 1e9), configs, pair.context_length)
+    else:
+        need = estimate(download_bytes, [], 0)
+    if need.fits is False:
+        _stderr().print(
+            f"macspec: warning: {pair.name if pair else repos[0]} needs about "
+            f"{_gb(need.total_bytes)} of memory; this machine can give models "
+            f"{_gb(need.available_bytes)}. It may not run, or run slowly.",
+            highlight=False,
+        )
+
+
+def _download_all(repos: list[str]) -> None:
+    """Download repos one after the other under one rich progress display on stderr."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=_stderr(), transient=False) as progress:
+        for repo in repos:
+            task = progress.add_task(repo, total=None)
+
+            def report(event: hub.DownloadProgress, task=task) -> None:
+                progress.update(task, completed=event.done_bytes, total=event.total_bytes)
+
+            path = hub.download(repo, on_progress=report)
+            done = progress.tasks[task].completed or hub.size_on_disk(path)
+            progress.update(task, completed=done, total=done)
+
+
+@app.command("pull")
+def pull(
+    name: NameArg,
+) -> None:
+    """Download a pair or one model.
+
+    Downloads a pair's target and draft (or one repo) into the standard Hugging Face
+    cache, shared with mlx-lm. Checks free disk space first and warns when the pair
+    will not fit this machine's memory. Fetches only the files a model needs; after
+    an interruption it fetches only what is missing, and when everything is already
+    here it does no network work at all.
+    """
+    pair, repos = _members(load_catalog(), name)
+    for member in (pair.target, pair.draft) if pair else ():
+        if not hub.is_repo_id(member):
+            hub.local_model_path(member)  # a missing package or local folder: one line
+    if pair is not None and not repos:
+        typer.echo(f"{pair.name} needs no download (its models ship with macspec or are local)")
+        return
+    missing = [repo for repo in repos if hub.cached_model_path(repo) is None]
+    if missing:
+        plans = [hub.plan_download(repo) for repo in missing]
+        total = sum(plan.download_bytes for plan in plans)
+        hub.check_disk_space(total, name)
+        _warn_memory(pair, repos, total)
+        _download_all(missing)
+    for repo in repos:
+        state = "downloaded" if repo in missing else "already downloaded"
+        typer.echo(f"{repo}: {state} ({hub.cached_model_path(repo)})")
+
+
+# ---- macspec rm -----------------------------------------------------------------------------
+
+
+def _kept_for(catalog: Catalog, pair: Pair, repo: str) -> list[str]:
+    """Other downloaded pairs that still use `repo` (a draft shared between pairs)."""
+    users = [
+        other
+        for other in catalog.pairs.values()
+        if other.name != pair.name and repo in (other.target, other.draft)
+    ]
+    return [other.name for other in users if pair_status(other).downloaded]
+
+
+def _confirm(question: str) -> bool:
+    """Ask on stdin; no answer (closed or empty stdin) counts as no."""
+    try:
+        return typer.confirm(question, default=False, err=True)
+    except (typer.Abort, EOFError, OSError):  # closed, captured or absent stdin
+        _stderr().print("", highlight=False)
+        fail("no answer on stdin, nothing removed (pass --yes to remove without asking)")
+    return False  # not reached
+
+
+@app.command("rm")
+def rm(
+    name: NameArg,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Remove without asking.")] = False,
+) -> None:
+    """Remove a downloaded pair or model.
+
+    Deletes a pair's (or one repo's) files from the Hugging Face cache. A draft that another downloaded pair still uses is kept. The shipped demo pair and
+    local model folders are never removed.
+    """
+    catalog = load_catalog()
+    pair, repos = _members(catalog, name)
+    if pair is not None and not repos:
+        fail(
+            f"{pair.name} is not in the download cache (its models are package or local "
+            "folders); nothing to remove"
+        )
+    present = [repo for repo in repos if hub.repo_cache_folder(repo).is_dir()]
+    kept = {repo: _kept_for(catalog, pair, repo) for repo in present} if pair else {}
+    doomed = [repo for repo in present if not kept.get(repo)]
+    if not doomed:
+        why = "".join(f"; {r} kept for {', '.join(kept[r])}" for r in present if kept.get(r))
+        fail(f"{name} is not downloaded; nothing to remove{why}")
+    sizes = {repo: hub.size_on_disk(hub.repo_cache_folder(repo)) for repo in doomed}
+    listing = ", ".join(f"{repo} ({_gb(size)})" for repo, size in sizes.items())
+    if not yes and not _confirm(f"Remove {listing} from {hub.hf_cache_dir()}?"):
+        typer.echo("nothing removed", err=True)
+        raise typer.Exit(1)
+    for repo in doomed:
+        freed = hub.remove_repo(repo)
+        typer.echo(f"removed {repo} ({_gb(freed)})")
+    for repo in present:
+        if kept.get(repo):
+            typer.echo(f"kept {repo} (also used by {', '.join(kept[repo])})")

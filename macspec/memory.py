@@ -1,0 +1,103 @@
+"""Memory: how much a model pair needs (weights + KV cache) and how much this machine has."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+USABLE_FRACTION = 0.75
+"""Share of total memory a model may take: macOS lets the GPU wire about 3/4 of unified memory
+by default, and the OS and other apps need the rest elsewhere too."""
+KV_BYTES_PER_VALUE = 2
+"""float16/bfloat16 keys and values."""
+
+
+def machine_memory_bytes() -> int | None:
+    """Total memory of this machine: unified memory on a Mac, RAM elsewhere; None if unknown."""
+    if sys.platform == "darwin":
+        try:
+            out = subprocess.run(
+                ["sysctl", "-n", "hw.memsize"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=True,
+            ).stdout
+            return int(out.strip())
+        except (OSError, subprocess.SubprocessError, ValueError):
+            return None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def usable_memory_bytes() -> int | None:
+    """The part of this machine's memory a pair may use (see USABLE_FRACTION)."""
+    total = machine_memory_bytes()
+    return int(total * USABLE_FRACTION) if total else None
+
+
+def kv_cache_bytes(config: dict, context_length: int) -> int | None:
+    """KV cache for a full context: 2 (K and V) * layers * kv_heads * head_dim * context * 2 bytes.
+
+    Reads an mlx-lm/transformers `config.json` (or its `text_config`); None if it lacks the sizes.
+    """
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    try:
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return 2 * layers * kv_heads * head_dim * context_length * KV_BYTES_PER_VALUE
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """Bytes of a model's safetensors weights (about what they take in memory)."""
+    return sum(p.resolve().stat().st_size for p in model_dir.glob("*.safetensors") if p.exists())
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What a pair needs in memory, next to what this machine can give it."""
+
+    weights_bytes: int
+    """Target plus draft weights (from the files on disk, else the catalog's size)."""
+    kv_cache_bytes: int | None
+    """Target plus draft KV caches at the pair's context length; None when a config is unknown."""
+    available_bytes: int | None
+    """The memory a pair may use here (USABLE_FRACTION of the total); None if unknown."""
+
+    @property
+    def total_bytes(self) -> int:
+        """Weights plus the KV caches that are known."""
+        return self.weights_bytes + (self.kv_cache_bytes or 0)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the pair fits this machine; None when this machine's memory is unknown, or
+        when the weights fit but the KV cache size is not known yet."""
+        if self.available_bytes is None:
+            return None
+        if self.total_bytes > self.available_bytes:
+            return False
+        return None if self.kv_cache_bytes is None else True
+
+
+def estimate(weights: int, configs: list[dict | None], context_length: int) -> MemoryEstimate:
+    """Combine weight bytes and each model's config (None when unknown) into an estimate."""
+    kv_parts = [kv_cache_bytes(c, context_length) if c is not None else None for c in configs]
+    kv = None if any(part is None for part in kv_parts) else sum(kv_parts)  # type: ignore[arg-type]
+    return MemoryEstimate(weights, kv, usable_memory_bytes())

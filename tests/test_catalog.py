@@ -1,0 +1,245 @@
+"""The catalog: shipped models.toml, user merge, validation, resolve_models; home and memory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from macspec import catalog, home, hub, memory
+from macspec.catalog import load_catalog, resolve_models
+from macspec.errors import MacspecError
+
+PAIR = """
+[[pair]]
+name = "{name}"
+target = "{target}"
+draft = "{draft}"
+draft_policy = "auto"
+context_length = 4096
+description = "a test pair"
+size_gb = 0.01
+"""
+
+
+def user_catalog(text: str) -> Path:
+    path = home.user_catalog_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def pair_toml(name: str = "tiny", target: str = "test/tiny-target",
+              draft: str = "test/tiny-draft") -> str:
+    return PAIR.format(name=name, target=target, draft=draft)
+
+
+def test_shipped_catalog_has_the_required_pairs(hf_cache):
+    pairs = load_catalog().pairs
+    assert list(pairs)[0] == "demo" and pairs["demo"].is_packaged
+    wanted = {
+        "mlx-community/Llama-3.2-1B-Instruct-4bit": {
+            "mlx-community/Meta-Llama-3.1-8B-Instruct-4bit",
+            "mlx-community/Llama-3.3-70B-Instruct-4bit"},
+        "mlx-community/Qwen2.5-0.5B-Instruct-4bit": {
+            f"mlx-community/Qwen2.5-{b}-Instruct-4bit" for b in ("7B", "14B", "32B")},
+        "mlx-community/Qwen2.5-Coder-0.5B-Instruct-4bit": {
+            "mlx-community/Qwen2.5-Coder-32B-Instruct-4bit"},
+        "mlx-community/Qwen3-0.6B-4bit": {f"mlx-community/Qwen3-{b}-4bit" for b in ("8B", "14B",
+                                                                                  "32B")},
+    }
+    for draft, targets in wanted.items():
+        assert {p.target for p in pairs.values() if p.draft == draft} == targets
+    for pair in pairs.values():
+        assert pair.description and pair.size_gb > 0 and pair.context_length >= 2048
+        assert pair.draft_policy == "auto" or isinstance(pair.draft_policy, int)
+
+
+def test_packaged_catalog_file_is_the_repo_root_one():
+    root = Path(__file__).resolve().parents[1] / "models.toml"
+    assert catalog.SHIPPED_CATALOG.read_text() == root.read_text()
+
+
+def test_user_catalog_adds_and_replaces_pairs(hf_cache):
+    user_catalog(pair_toml() + pair_toml(name="qwen3-8b", target="me/other"))
+    pairs = load_catalog().pairs
+    assert pairs["tiny"].target == "test/tiny-target"
+    assert pairs["qwen3-8b"].target == "me/other"
+    assert list(pairs)[-1] == "tiny"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[[pair]]\nname = \n", "invalid TOML: line 2, column 8: invalid value"),
+    ("[pair\n", "invalid TOML: line 1, column 6: expected ']'"),
+    ("[[pair]]\nname = 'x'\n[[pair]]\nname = 'x'\n", "pair 'x': missing field 'target'"),
+    (pair_toml() + "colour = 'red'\n", "pair 'tiny': unknown key 'colour'"),
+    (pair_toml() + pair_toml(), "duplicate pair name 'tiny'"),
+    (pair_toml().replace("4096", '"long"'), "'context_length' must be an integer"),
+    (pair_toml().replace("4096", "true"), "'context_length' must be an integer"),
+    (pair_toml().replace('"auto"', '"greedy"'), 'draft_policy must be "auto" or an integer'),
+    (pair_toml().replace('"auto"', "0"), "draft_policy must be between 1 and 64"),
+    (pair_toml(name="Big/One"), "name must be lowercase"),
+    ("models = []\n", "unknown top-level key 'models'"),
+    ("pair = 3\n", "'pair' must be an array of tables"),
+])
+def test_bad_user_catalog_is_one_line_naming_the_file(hf_cache, text, message):
+    path = user_catalog(text)
+    with pytest.raises(MacspecError) as info:
+        load_catalog()
+    assert str(info.value).startswith(f"{path}: ")
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_fixed_draft_policy_is_an_int(hf_cache):
+    user_catalog(pair_toml().replace('"auto"', "4"))
+    assert load_catalog().get("tiny").draft_policy == 4
+
+
+def test_unknown_pair_lists_the_known_ones(hf_cache):
+    with pytest.raises(MacspecError, match=r"unknown pair 'nope' \(known: demo, llama-3.1-8b,"):
+        load_catalog().get("nope")
+
+
+def test_home_is_movable_and_platform_appropriate(monkeypatch, tmp_path):
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "h"))
+    assert home.macspec_home() == tmp_path / "h"
+    monkeypatch.delenv("MACSPEC_HOME")
+    monkeypatch.setattr(home.sys, "platform", "darwin")
+    assert home.macspec_home() == Path.home() / "Library" / "Application Support" / "macspec"
+    monkeypatch.setattr(home.sys, "platform", "linux")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert home.macspec_home() == tmp_path / "xdg" / "macspec"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    assert home.macspec_home() == Path.home() / ".local" / "share" / "macspec"
+
+
+def test_default_pair_comes_from_user_config(hf_cache):
+    assert catalog.default_pair_name() == "demo"
+    home.config_path().parent.mkdir(parents=True)
+    home.config_path().write_text('default_pair = "qwen3-8b"\n')
+    assert catalog.default_pair_name() == "qwen3-8b"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("default_pair = 3\n", "'default_pair' must be a str"),
+    ("colour = 'x'\n", "unknown key 'colour'"),
+    ("default_pair = \n", "invalid TOML: line 1"),
+])
+def test_bad_user_config(hf_cache, text, message):
+    home.config_path().parent.mkdir(parents=True)
+    home.config_path().write_text(text)
+    with pytest.raises(MacspecError, match=message):
+        catalog.default_pair_name()
+
+
+# ---- resolve_models -------------------------------------------------------------------------
+
+def test_resolve_a_downloaded_pair(cached_model):
+    target, draft = cached_model("test/tiny-target"), cached_model("test/tiny-draft")
+    user_catalog(pair_toml())
+    resolved = resolve_models("tiny", None, None)
+    assert (resolved.target, resolved.draft) == (target, draft)
+    assert (resolved.target_name, resolved.draft_name) == ("test/tiny-target", "test/tiny-draft")
+    assert resolved.pair is not None and resolved.pair.name == "tiny"
+
+
+def test_resolve_the_default_pair_from_config(cached_model):
+    cached_model("test/tiny-target")
+    cached_model("test/tiny-draft")
+    user_catalog(pair_toml())
+    home.config_path().write_text('default_pair = "tiny"\n')
+    assert resolve_models(None, None, None).pair.name == "tiny"
+
+
+def test_resolve_model_alone_is_target_only(cached_model, tiny_model_folder):
+    snapshot = cached_model("test/tiny-target")
+    resolved = resolve_models(None, "test/tiny-target", None)
+    assert (resolved.target, resolved.draft, resolved.pair) == (snapshot, None, None)
+    with_draft = resolve_models(None, "test/tiny-target", str(tiny_model_folder))
+    assert with_draft.draft == tiny_model_folder and with_draft.draft_name == str(
+        tiny_model_folder)
+
+
+def test_draft_model_replaces_the_pairs_draft(cached_model, tiny_model_folder):
+    cached_model("test/tiny-target")
+    user_catalog(pair_toml())
+    resolved = resolve_models("tiny", None, str(tiny_model_folder))
+    assert resolved.draft == tiny_model_folder and resolved.pair.name == "tiny"
+
+
+def test_resolve_works_offline_with_no_network(cached_model, monkeypatch, network_calls):
+    cached_model("test/tiny-target")
+    cached_model("test/tiny-draft")
+    user_catalog(pair_toml())
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_models("tiny", None, None).draft is not None
+    assert network_calls == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("tiny", None, None), "pair 'tiny' is not downloaded (test/tiny-target missing); "
+                           "run: macspec pull tiny"),
+    ((None, "test/absent", None), "test/absent is not downloaded; run: macspec pull test/absent"),
+    (("tiny", "test/tiny-target", None), "--pair and --model both given"),
+    (("nope", None, None), "unknown pair 'nope'"),
+    ((None, "./no/such/folder", None), "no such model folder"),
+])
+def test_resolve_errors_are_one_line(hf_cache, args, message):
+    user_catalog(pair_toml())
+    with pytest.raises(MacspecError) as info:
+        resolve_models(*args)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_incomplete_snapshot_counts_as_not_downloaded(cached_model):
+    snapshot = cached_model("test/tiny-target")
+    (snapshot / "model.safetensors").unlink()  # an interrupted pull
+    assert hub.cached_model_path("test/tiny-target") is None
+    with pytest.raises(MacspecError, match="run: macspec pull test/tiny-target"):
+        resolve_models(None, "test/tiny-target", None)
+
+
+def test_unknown_default_pair_names_the_config(hf_cache):
+    home.config_path().parent.mkdir(parents=True)
+    home.config_path().write_text('default_pair = "gone"\n')
+    with pytest.raises(MacspecError, match=r"config.toml: default_pair 'gone' is not a known"):
+        resolve_models(None, None, None)
+
+
+# ---- memory ---------------------------------------------------------------------------------
+
+def test_kv_cache_formula():
+    config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "hidden_size": 4096}
+    assert memory.kv_cache_bytes(config, 1000) == 2 * 32 * 8 * 128 * 1000 * 2
+    assert memory.kv_cache_bytes({"text_config": {**config, "head_dim": 64}}, 10) == (
+        2 * 32 * 8 * 64 * 10 * 2)
+    assert memory.kv_cache_bytes({"hidden_size": 8}, 10) is None
+
+
+def test_machine_memory_is_known_here():
+    total = memory.machine_memory_bytes()
+    assert total is not None and total > 2**28
+
+
+def test_fits_is_unknown_until_the_kv_cache_is_known(monkeypatch):
+    monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 4 * 10**9)
+    cfg = {"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 1}
+    assert memory.estimate(10**9, [cfg], 8).fits is True
+    assert memory.estimate(10**9, [None], 8).fits is None
+    assert memory.estimate(5 * 10**9, [None], 8).fits is False
+
+
+def test_pair_status_of_a_downloaded_pair(cached_model, tiny_model_folder):
+    cached_model("test/tiny-target")
+    cached_model("test/tiny-draft")
+    user_catalog(pair_toml())
+    status = catalog.pair_status(load_catalog().get("tiny"))
+    config = json.loads((tiny_model_folder / "config.json").read_text())
+    kv = memory.kv_cache_bytes(config, 4096)
+    weights = (tiny_model_folder / "model.safetensors").stat().st_size
+    assert status.downloaded
+    assert status.memory.weights_bytes == 2 * weights
+    assert status.memory.kv_cache_bytes == 2 * kv

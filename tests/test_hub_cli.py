@@ -1,0 +1,385 @@
+"""`macspec pull`, `macspec models`, `macspec rm` against a private HF cache, with no network."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from macspec import home, hub
+from macspec.cli import main
+
+PAIR = """
+[[pair]]
+name = "tiny"
+target = "test/tiny-target"
+draft = "test/tiny-draft"
+draft_policy = "auto"
+context_length = 4096
+description = "a test pair"
+size_gb = 0.01
+
+[[pair]]
+name = "tiny2"
+target = "test/tiny-target2"
+draft = "test/tiny-draft"
+draft_policy = 3
+context_length = 4096
+description = "another pair sharing the draft"
+size_gb = 0.01
+"""
+
+
+@pytest.fixture
+def tiny_pair(hf_cache) -> Path:
+    path = home.user_catalog_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(PAIR)
+    return path
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tree(root: Path) -> list[str]:
+    """Every path under `root` with its size: a fingerprint to show nothing was written."""
+    if not root.exists():
+        return []
+    return sorted(f"{p.relative_to(root)}:{p.lstat().st_size}" for p in root.rglob("*"))
+
+
+def files_bytes(snapshot: Path) -> int:
+    return sum(p.resolve().stat().st_size for p in snapshot.iterdir())
+
+
+# ---- pull -----------------------------------------------------------------------------------
+
+def test_pull_of_a_cached_pair_works_offline(capsys, cached_model, tiny_pair, monkeypatch,
+                                             network_calls):
+    target, draft = cached_model("test/tiny-target"), cached_model("test/tiny-draft")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, out, err = cli(capsys, "pull", "tiny")
+    assert (code, err) == (0, "")
+    assert f"test/tiny-target: already downloaded ({target})" in out
+    assert f"test/tiny-draft: already downloaded ({draft})" in out
+    assert network_calls == []
+
+
+def test_second_pull_does_no_network_work_even_online(capsys, cached_model, network_calls,
+                                                      monkeypatch):
+    cached_model("test/tiny-target")
+    monkeypatch.setattr(hub, "plan_download", lambda repo: pytest.fail("asked the hub"))
+    code, out, _ = cli(capsys, "pull", "test/tiny-target")
+    assert code == 0 and "already downloaded" in out
+    assert network_calls == []
+
+
+def test_pull_downloads_what_is_missing_with_progress(capsys, cached_model, tiny_pair,
+                                                      tiny_model_folder, hf_cache, monkeypatch):
+    """The flow around huggingface_hub: plan, disk check, download with a tqdm_class, report."""
+    cached_model("test/tiny-draft")  # shared draft already here: only the target is fetched
+    plans, downloads, reports = [], [], []
+
+    def fake_plan(repo):
+        plans.append(repo)
+        return hub.DownloadPlan(repo, 1000, 3)
+
+    def fake_snapshot_download(repo, *, tqdm_class=None, allow_patterns=None, **kwargs):
+        if kwargs.get("local_files_only"):
+            return real_snapshot_download(repo, allow_patterns=allow_patterns, **kwargs)
+        downloads.append((repo, allow_patterns, kwargs["cache_dir"]))
+        # what huggingface_hub 2.x does with the class: byte bars it grows and updates
+        transfer = tqdm_class(desc="Downloading bytes", total=0, initial=0, unit="B")
+        rebuild = tqdm_class(desc="Reconstructing (incomplete total...)", total=0, unit="B")
+        rebuild.total = 600
+        rebuild.refresh()
+        for bar in (transfer, rebuild):
+            bar.update(600)
+        return str(cached_model(repo))
+
+    real_snapshot_download = hub.snapshot_download
+    monkeypatch.setattr(hub, "plan_download", fake_plan)
+    monkeypatch.setattr(hub, "download_config", lambda repo: None)
+    monkeypatch.setattr(hub, "snapshot_download", fake_snapshot_download)
+    original = hub._progress_class
+
+    def spy(repo, callback):
+        return original(repo, lambda event: (reports.append(event), callback(event)))
+
+    monkeypatch.setattr(hub, "_progress_class", spy)
+    code, out, err = cli(capsys, "pull", "tiny")
+    assert code == 0, err
+    assert plans == ["test/tiny-target"]
+    assert downloads == [("test/tiny-target", hub.ALLOW_PATTERNS, hf_cache)]
+    assert reports[-1] == hub.DownloadProgress("test/tiny-target", 600, 600)
+    assert "test/tiny-target: downloaded" in out and "tiny-draft: already downloaded" in out
+    assert "test/tiny-target" in err  # the progress display
+
+
+def test_pull_warns_when_the_pair_will_not_fit(capsys, tiny_pair, monkeypatch, cached_model):
+    monkeypatch.setattr(hub, "plan_download", lambda repo: hub.DownloadPlan(repo, 10, 1))
+    monkeypatch.setattr(hub, "download_config", lambda repo: None)
+    monkeypatch.setattr(hub, "download", lambda repo, on_progress=None: cached_model(repo))
+    monkeypatch.setattr("macspec.memory.machine_memory_bytes", lambda: 1000)
+    code, _, err = cli(capsys, "pull", "tiny")
+    assert code == 0
+    assert "warning: tiny needs about" in err and "may not run" in err
+
+
+def test_pull_demo_needs_no_download(capsys, hf_cache, monkeypatch, tmp_path, tiny_model_folder):
+    monkeypatch.setattr(hub, "PACKAGE_ROOT", tmp_path / "pkg")
+    for member in ("target", "draft"):
+        shutil.copytree(tiny_model_folder, tmp_path / "pkg" / "demo" / member)
+    code, out, _ = cli(capsys, "pull", "demo")
+    assert code == 0 and "needs no download" in out
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+def test_models_json_reports_paths_and_sizes(capsys, cached_model, tiny_pair):
+    target, draft = cached_model("test/tiny-target"), cached_model("test/tiny-draft")
+    code, out, err = cli(capsys, "models", "--json")
+    assert (code, err) == (0, "")
+    rows = {row["name"]: row for row in json.loads(out)}
+    tiny = rows["tiny"]
+    assert tiny["downloaded"] is True
+    assert (tiny["target_path"], tiny["draft_path"]) == (str(target), str(draft))
+    assert tiny["target_size_bytes"] == files_bytes(target)
+    assert tiny["draft_size_bytes"] == files_bytes(draft)
+    assert tiny["size_on_disk_bytes"] == files_bytes(target) + files_bytes(draft)
+    assert tiny["memory_bytes"] == tiny["weights_bytes"] + tiny["kv_cache_bytes"]
+    assert isinstance(tiny["fits"], bool)
+    absent = rows["tiny2"]
+    assert (absent["downloaded"], absent["target_path"]) == (False, None)
+    assert absent["draft_path"] == str(draft)  # the shared draft is here
+    assert rows["qwen3-8b"]["target_path"] is None and rows["qwen3-8b"]["fits"] in (None, False)
+
+
+def test_models_table(capsys, cached_model, tiny_pair):
+    cached_model("test/tiny-target")
+    cached_model("test/tiny-draft")
+    code, out, _ = cli(capsys, "models")
+    assert code == 0
+    line = next(line for line in out.splitlines() if "tiny " in line)
+    assert "yes" in line and "~0.0 GB" in line
+    assert "qwen3-8b" in out and "This machine" in out
+
+
+# ---- rm -------------------------------------------------------------------------------------
+
+def test_rm_removes_the_pair_but_keeps_a_draft_another_pair_uses(capsys, cached_model,
+                                                                  tiny_pair, hf_cache):
+    for repo in ("test/tiny-target", "test/tiny-target2", "test/tiny-draft"):
+        cached_model(repo)
+    code, out, _ = cli(capsys, "rm", "tiny", "--yes")
+    assert code == 0
+    assert "removed test/tiny-target" in out and "kept test/tiny-draft (also used by tiny2)" in out
+    assert not hub.repo_cache_folder("test/tiny-target").exists()
+    assert hub.repo_cache_folder("test/tiny-draft").exists()
+    code, out, _ = cli(capsys, "rm", "tiny2", "-y")
+    assert code == 0 and "removed test/tiny-draft" in out
+    assert sorted(p.name for p in hf_cache.iterdir()) == []
+
+
+def test_rm_of_one_repo(capsys, cached_model):
+    cached_model("test/tiny-target")
+    code, out, _ = cli(capsys, "rm", "test/tiny-target", "--yes")
+    assert code == 0 and "removed test/tiny-target" in out
+    assert hub.cached_model_path("test/tiny-target") is None
+
+
+def test_rm_without_an_answer_removes_nothing(capsys, cached_model, monkeypatch):
+    snapshot = cached_model("test/tiny-target")
+    code, _, err = cli(capsys, "rm", "test/tiny-target")  # pytest's stdin cannot be read
+    assert code == 2
+    assert err.strip().endswith("no answer on stdin, nothing removed (pass --yes to remove "
+                                "without asking)")
+    assert snapshot.is_dir()
+
+
+@pytest.mark.parametrize(("answer", "code", "removed"), [("y\n", 0, True), ("n\n", 1, False),
+                                                         ("", 2, False)])
+def test_rm_asks_first(cached_model, answer, code, removed):
+    from typer.testing import CliRunner
+
+    from macspec.cli import app
+
+    cached_model("test/tiny-target")
+    result = CliRunner().invoke(app, ["rm", "test/tiny-target"], input=answer)
+    assert hub.repo_cache_folder("test/tiny-target").exists() is not removed
+    assert "Remove test/tiny-target (" in result.output
+    if code == 2:  # EOF: the error the entry point prints as one line
+        assert "no answer on stdin" in str(result.exception)
+    else:
+        assert result.exit_code == code
+        assert ("removed test/tiny-target" if removed else "nothing removed") in result.output
+
+
+def test_rm_never_touches_the_demo(capsys, hf_cache):
+    code, _, err = cli(capsys, "rm", "demo", "--yes")
+    assert code == 2 and "nothing to remove" in err
+
+
+# ---- bad input: one line on stderr, exit 2, nothing written ---------------------------------
+
+def _malformed(_):
+    home.user_catalog_path().write_text("[[pair]]\nname = 'x'\ntarget = \n")
+
+
+def _unknown_key(_):
+    home.user_catalog_path().write_text(PAIR.replace("size_gb = 0.01\n", "size_gb = 0.01\nk=1\n",
+                                                     1))
+
+
+def _missing_field(_):
+    home.user_catalog_path().write_text(PAIR.replace('description = "a test pair"\n', ""))
+
+
+def _duplicate(_):
+    home.user_catalog_path().write_text(PAIR.replace('"tiny2"', '"tiny"'))
+
+
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _disk_full(monkeypatch):
+    monkeypatch.setattr(hub, "plan_download", lambda repo: hub.DownloadPlan(repo, 5 * 10**9, 3))
+    monkeypatch.setattr(hub, "free_disk_bytes", lambda path: 10**6)
+
+
+def _nothing(_):
+    pass
+
+
+@pytest.mark.parametrize(("setup", "args", "message"), [
+    (_nothing, ["pull", "nope"], "unknown pair 'nope' (known: demo, "),
+    (_nothing, ["rm", "nope"], "unknown pair 'nope'"),
+    (_malformed, ["models"], "models.toml: invalid TOML: line 3, column 10: invalid value"),
+    (_unknown_key, ["models"], "models.toml: pair 'tiny': unknown key 'k'"),
+    (_missing_field, ["pull", "tiny"], "models.toml: pair 'tiny': missing field 'description'"),
+    (_duplicate, ["models", "--json"], "models.toml: duplicate pair name 'tiny'"),
+    (_offline, ["pull", "tiny"], "test/tiny-target is not downloaded and HF_HUB_OFFLINE is set"),
+    (_nothing, ["pull", "test/absent"],  # online, but the hub cannot be reached
+     "cannot reach the Hugging Face hub to download test/absent"),
+    (_disk_full, ["pull", "tiny"], "not enough disk space for tiny: needs 10.0 GB, 0.0 GB free"),
+    (_nothing, ["rm", "tiny", "--yes"], "tiny is not downloaded; nothing to remove"),
+    (_nothing, ["rm", "test/absent", "--yes"], "test/absent is not downloaded; nothing to remove"),
+    (_nothing, ["pull", "a/b/c"], "unknown pair 'a/b/c'"),
+])
+def test_bad_input_is_one_line_exit_2_nothing_written(capsys, tiny_pair, hf_cache, monkeypatch,
+                                                      setup, args, message):
+    setup(monkeypatch)
+    home_dir = home.macspec_home()
+    before = tree(hf_cache), tree(home_dir)
+    code, out, err = cli(capsys, *args)
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("macspec: error: ")
+    assert message in err
+    assert (tree(hf_cache), tree(home_dir)) == before
+
+
+# ---- hub helpers ----------------------------------------------------------------------------
+
+def test_hub_reads_the_environment_on_every_call(monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HUGGINGFACE_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    assert hub.hf_cache_dir() == tmp_path / "home" / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "c"))
+    assert hub.hf_cache_dir() == tmp_path / "c"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.is_offline()
+
+
+def test_free_disk_bytes_of_a_cache_not_made_yet(tmp_path):
+    assert hub.free_disk_bytes(tmp_path / "not" / "yet") > 0
+
+
+def test_a_cached_fake_model_loads_with_mlx_lm(cached_model):
+    from mlx_lm.utils import load
+
+    snapshot = cached_model("test/tiny-target")
+    model, tokenizer = load(str(hub.local_model_path("test/tiny-target")))
+    assert hub.local_model_path("test/tiny-target") == snapshot
+    assert tokenizer.encode("hi") and model.layers
+
+
+# ---- against a fake hub on localhost: the real huggingface_hub download path ----------------
+
+def test_pull_from_the_hub_then_a_second_pull_asks_nothing(capsys, fake_hub, tiny_pair,
+                                                           tiny_model_folder, hf_cache):
+    for repo in ("test/tiny-target", "test/tiny-draft"):
+        fake_hub.add(repo, tiny_model_folder)
+    code, out, err = cli(capsys, "pull", "tiny")
+    assert code == 0, err
+    snapshot = hub.cached_model_path("test/tiny-target")
+    assert snapshot is not None and f"test/tiny-target: downloaded ({snapshot})" in out
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(
+        p.name for p in tiny_model_folder.iterdir())  # model files only: no README.md
+    assert "test/tiny-draft" in err  # the progress display
+    fake_hub.log.clear()
+    code, out, _ = cli(capsys, "pull", "tiny")
+    assert code == 0 and out.count("already downloaded") == 2
+    assert fake_hub.log == []
+
+
+def test_pull_after_an_interruption_fetches_only_the_missing_files(capsys, fake_hub, hf_cache,
+                                                                   tiny_model_folder):
+    fake_hub.add("test/tiny-target", tiny_model_folder)
+    assert cli(capsys, "pull", "test/tiny-target")[0] == 0
+    snapshot = hub.cached_model_path("test/tiny-target")
+    weights = snapshot / "model.safetensors"
+    weights.resolve().unlink()  # as if the pull was stopped before the weights came
+    weights.unlink()
+    assert hub.cached_model_path("test/tiny-target") is None
+    fake_hub.log.clear()
+    plan = hub.plan_download("test/tiny-target")
+    size = (tiny_model_folder / weights.name).stat().st_size
+    assert (plan.files, plan.download_bytes) == (1, size)
+    code, out, err = cli(capsys, "pull", "test/tiny-target")
+    assert code == 0, err
+    fetched = [path.rsplit("/", 1)[1] for method, path, _ in fake_hub.log
+               if method == "GET" and "/resolve/" in path]
+    assert fetched == ["model.safetensors"]
+    assert weights.read_bytes() == (tiny_model_folder / weights.name).read_bytes()
+
+
+def test_a_dropped_connection_resumes_where_it_stopped(capsys, fake_hub, tiny_model_folder,
+                                                       hf_cache, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", 4096)  # not 10 MB
+    fake_hub.add("test/tiny-target", tiny_model_folder)
+    fake_hub.cut_once.add("model.safetensors")
+    code, _, err = cli(capsys, "pull", "test/tiny-target")
+    assert code == 0, err
+    ranges = [r for method, path, r in fake_hub.log
+              if method == "GET" and path.endswith("/model.safetensors")]
+    size = (tiny_model_folder / "model.safetensors").stat().st_size
+    assert ranges[0] is None and len(ranges) == 2  # the second request resumes midway
+    assert ranges[1].startswith("bytes=") and 0 < int(ranges[1][6:-1]) <= size // 2
+    snapshot = hub.cached_model_path("test/tiny-target")
+    assert (snapshot / "model.safetensors").read_bytes() == (
+        tiny_model_folder / "model.safetensors").read_bytes()
+
+
+def test_pull_checks_the_real_sizes_against_free_disk(capsys, fake_hub, tiny_model_folder,
+                                                      hf_cache, monkeypatch):
+    fake_hub.add("test/tiny-target", tiny_model_folder)
+    monkeypatch.setattr(hub, "free_disk_bytes", lambda path: 1000)
+    code, out, err = cli(capsys, "pull", "test/tiny-target")
+    assert code == 2 and out == ""
+    assert err.startswith("macspec: error: not enough disk space for test/tiny-target: needs")
+    assert not hf_cache.exists()  # asking the hub wrote nothing
+
+
+def test_pull_of_a_repo_the_hub_does_not_have(capsys, fake_hub, hf_cache):
+    code, _, err = cli(capsys, "pull", "test/nothere")
+    assert code == 2
+    assert err == ("macspec: error: test/nothere: no such model on the Hugging Face hub "
+                   "(or it is private)\n")
