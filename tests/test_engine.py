@@ -35,7 +35,7 @@ PROMPTS = [
     "The capital of France",
     "lorem ipsum dolor sit amet",
     "class Foo:\n    def",
-    "{\"key\": ",
+    '{"key": ',
     "# TODO:",
     "~!@#$%^&*()",
     "MLX on a Mac",
@@ -96,7 +96,9 @@ def references(target, prompt_ids):
 
 @pytest.mark.parametrize("draft_name", ["unrelated", "noisy", "self"])
 @pytest.mark.parametrize("policy", [1, 2, 4, 8, "auto"])
-def test_greedy_output_is_the_targets(tok, target, drafts, prompt_ids, references, draft_name, policy):
+def test_greedy_output_is_the_targets(
+    tok, target, drafts, prompt_ids, references, draft_name, policy
+):
     engine = Engine(target, tok, ModelDrafter(drafts[draft_name]), make_policy(policy))
     proposed = accepted = 0
     for prompt, expected in zip(prompt_ids, references):
@@ -117,7 +119,9 @@ def test_greedy_output_is_the_targets(tok, target, drafts, prompt_ids, reference
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
-def test_self_draft_accepts_everything_and_makes_k_plus_one_per_pass(tok, target, prompt_ids, references, k):
+def test_self_draft_accepts_everything_and_makes_k_plus_one_per_pass(
+    tok, target, prompt_ids, references, k
+):
     engine = Engine(target, tok, ModelDrafter(target), FixedPolicy(k))
     cycles = 3
     checked = 0

@@ -32,7 +32,9 @@ def write_tokenizer(folder: Path, chat_template: bool = True, shift: int = 0) ->
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>",
+        tokenizer_object=tok,
+        bos_token="<|bos|>",
+        eos_token="<|eos|>",
         additional_special_tokens=["<|user|>", "<|assistant|>"],
     )
     if chat_template:
@@ -44,12 +46,25 @@ def write_tokenizer(folder: Path, chat_template: bool = True, shift: int = 0) ->
 VOCAB = 256 + len(SPECIALS)
 
 
-def model_args(vocab: int = VOCAB, hidden: int = 64, layers: int = 2, heads: int = 4,
-               kv_heads: int = 2, intermediate: int = 128) -> llama.ModelArgs:
+def model_args(
+    vocab: int = VOCAB,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+) -> llama.ModelArgs:
     return llama.ModelArgs(
-        model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=intermediate, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        rms_norm_eps=1e-5, vocab_size=vocab, rope_theta=10000.0, tie_word_embeddings=False,
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=intermediate,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
     )
 
 
@@ -66,7 +81,9 @@ def noisy_copy(model: nn.Module, noise: float, seed: int) -> nn.Module:
     """The same architecture and weights plus Gaussian noise: a draft that mostly agrees."""
     copy = llama.Model(model.args)
     mx.random.seed(seed)
-    copy.update(tree_map(lambda w: w + noise * mx.random.normal(w.shape) * w.std(), model.parameters()))
+    copy.update(
+        tree_map(lambda w: w + noise * mx.random.normal(w.shape) * w.std(), model.parameters())
+    )
     mx.eval(copy.parameters())
     return copy
 
@@ -79,18 +96,29 @@ def quantized(model: nn.Module, bits: int = 4, group_size: int = 32) -> nn.Modul
     return copy
 
 
-def save_model(model: nn.Module, folder: Path, quantization: dict | None = None,
-               tokenizer_shift: int = 0, chat_template: bool = True) -> Path:
+def save_model(
+    model: nn.Module,
+    folder: Path,
+    quantization: dict | None = None,
+    tokenizer_shift: int = 0,
+    chat_template: bool = True,
+) -> Path:
     """Write an mlx-lm folder (config.json, model.safetensors, tokenizer files)."""
     folder.mkdir(parents=True, exist_ok=True)
     args = model.args
     config = {
-        "model_type": "llama", "hidden_size": args.hidden_size,
-        "num_hidden_layers": args.num_hidden_layers, "intermediate_size": args.intermediate_size,
+        "model_type": "llama",
+        "hidden_size": args.hidden_size,
+        "num_hidden_layers": args.num_hidden_layers,
+        "intermediate_size": args.intermediate_size,
         "num_attention_heads": args.num_attention_heads,
-        "num_key_value_heads": args.num_key_value_heads, "rms_norm_eps": args.rms_norm_eps,
-        "vocab_size": args.vocab_size, "rope_theta": args.rope_theta,
-        "tie_word_embeddings": args.tie_word_embeddings, "eos_token_id": 257, "bos_token_id": 256,
+        "num_key_value_heads": args.num_key_value_heads,
+        "rms_norm_eps": args.rms_norm_eps,
+        "vocab_size": args.vocab_size,
+        "rope_theta": args.rope_theta,
+        "tie_word_embeddings": args.tie_word_embeddings,
+        "eos_token_id": 257,
+        "bos_token_id": 256,
     }
     if quantization:
         config["quantization"] = quantization
