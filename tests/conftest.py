@@ -52,8 +52,14 @@ def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_model(random_model(0), tmp_path_factory.mktemp("tiny") / "model")
 
 
-def put_in_hf_cache(cache: Path, repo: str, source: Path, commit: str = FAKE_COMMIT,
-                    tree: bool = True, extra_remote: dict[str, int] | None = None) -> Path:
+def put_in_hf_cache(
+    cache: Path,
+    repo: str,
+    source: Path,
+    commit: str = FAKE_COMMIT,
+    tree: bool = True,
+    extra_remote: dict[str, int] | None = None,
+) -> Path:
     """Copy a model folder into the real HF cache layout; returns the snapshot folder.
 
     `models--org--name/{blobs/<sha256>, snapshots/<commit>/<file> -> ../../blobs/.., refs/main}`,
@@ -73,7 +79,9 @@ def put_in_hf_cache(cache: Path, repo: str, source: Path, commit: str = FAKE_COM
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(os.path.relpath(blob, link.parent))
         listing[file.relative_to(source).as_posix()] = {
-            "size": len(data), "blob_id": hashlib.sha1(data).hexdigest()}
+            "size": len(data),
+            "blob_id": hashlib.sha1(data).hexdigest(),
+        }
     (repo_dir / "refs").mkdir(parents=True, exist_ok=True)
     (repo_dir / "refs" / "main").write_text(commit)
     if tree:
@@ -81,7 +89,8 @@ def put_in_hf_cache(cache: Path, repo: str, source: Path, commit: str = FAKE_COM
             listing[name] = {"size": size, "blob_id": "0" * 40}
         (repo_dir / "trees").mkdir(exist_ok=True)
         (repo_dir / "trees" / f"{commit}.json").write_text(
-            json.dumps({"format_version": 1, "files": listing}))
+            json.dumps({"format_version": 1, "files": listing})
+        )
     return snapshot
 
 
@@ -110,8 +119,11 @@ class FakeHub:
 
     def add(self, repo: str, folder: Path, extra: dict[str, bytes] | None = None) -> None:
         """Serve every file of `folder` (plus `extra`, e.g. a README) as `repo`."""
-        files = {p.relative_to(folder).as_posix(): p.read_bytes()
-                 for p in sorted(folder.rglob("*")) if p.is_file()}
+        files = {
+            p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*"))
+            if p.is_file()
+        }
         self.repos[repo] = {**files, **(extra or {"README.md": b"# not a model file\n"})}
 
     @staticmethod
@@ -124,8 +136,13 @@ class FakeHub:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args) -> None: ...
 
-            def _send(self, status: int, body: bytes = b"", headers: dict | None = None,
-                      head: bool = False) -> None:
+            def _send(
+                self,
+                status: int,
+                body: bytes = b"",
+                headers: dict | None = None,
+                head: bool = False,
+            ) -> None:
                 self.send_response(status)
                 for key, value in (headers or {}).items():
                     self.send_header(key, value)
@@ -140,12 +157,19 @@ class FakeHub:
                 if files is None:
                     return self._send(404, b"{}", {"X-Error-Code": "RepoNotFound"})
                 if len(parts) > 2 and parts[2] == "tree":
-                    body = [{"type": "file", "path": name, "size": len(data),
-                             "oid": hub.etag(data)} for name, data in files.items()]
+                    body = [
+                        {"type": "file", "path": name, "size": len(data), "oid": hub.etag(data)}
+                        for name, data in files.items()
+                    ]
                 else:
-                    body = {"id": "/".join(parts[:2]), "sha": hub.commit, "siblings": [
-                        {"rfilename": name, "size": len(data), "blobId": hub.etag(data)}
-                        for name, data in files.items()]}
+                    body = {
+                        "id": "/".join(parts[:2]),
+                        "sha": hub.commit,
+                        "siblings": [
+                            {"rfilename": name, "size": len(data), "blobId": hub.etag(data)}
+                            for name, data in files.items()
+                        ],
+                    }
                 self._send(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
             def _resolve(self, path: str, head: bool) -> None:

@@ -30,8 +30,9 @@ def user_catalog(text: str) -> Path:
     return path
 
 
-def pair_toml(name: str = "tiny", target: str = "test/tiny-target",
-              draft: str = "test/tiny-draft") -> str:
+def pair_toml(
+    name: str = "tiny", target: str = "test/tiny-target", draft: str = "test/tiny-draft"
+) -> str:
     return PAIR.format(name=name, target=target, draft=draft)
 
 
@@ -41,13 +42,17 @@ def test_shipped_catalog_has_the_required_pairs(hf_cache):
     wanted = {
         "mlx-community/Llama-3.2-1B-Instruct-4bit": {
             "mlx-community/Meta-Llama-3.1-8B-Instruct-4bit",
-            "mlx-community/Llama-3.3-70B-Instruct-4bit"},
+            "mlx-community/Llama-3.3-70B-Instruct-4bit",
+        },
         "mlx-community/Qwen2.5-0.5B-Instruct-4bit": {
-            f"mlx-community/Qwen2.5-{b}-Instruct-4bit" for b in ("7B", "14B", "32B")},
+            f"mlx-community/Qwen2.5-{b}-Instruct-4bit" for b in ("7B", "14B", "32B")
+        },
         "mlx-community/Qwen2.5-Coder-0.5B-Instruct-4bit": {
-            "mlx-community/Qwen2.5-Coder-32B-Instruct-4bit"},
-        "mlx-community/Qwen3-0.6B-4bit": {f"mlx-community/Qwen3-{b}-4bit" for b in ("8B", "14B",
-                                                                                  "32B")},
+            "mlx-community/Qwen2.5-Coder-32B-Instruct-4bit"
+        },
+        "mlx-community/Qwen3-0.6B-4bit": {
+            f"mlx-community/Qwen3-{b}-4bit" for b in ("8B", "14B", "32B")
+        },
     }
     for draft, targets in wanted.items():
         assert {p.target for p in pairs.values() if p.draft == draft} == targets
@@ -69,20 +74,23 @@ def test_user_catalog_adds_and_replaces_pairs(hf_cache):
     assert list(pairs)[-1] == "tiny"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("[[pair]]\nname = \n", "invalid TOML: line 2, column 8: invalid value"),
-    ("[pair\n", "invalid TOML: line 1, column 6: expected ']'"),
-    ("[[pair]]\nname = 'x'\n[[pair]]\nname = 'x'\n", "pair 'x': missing field 'target'"),
-    (pair_toml() + "colour = 'red'\n", "pair 'tiny': unknown key 'colour'"),
-    (pair_toml() + pair_toml(), "duplicate pair name 'tiny'"),
-    (pair_toml().replace("4096", '"long"'), "'context_length' must be an integer"),
-    (pair_toml().replace("4096", "true"), "'context_length' must be an integer"),
-    (pair_toml().replace('"auto"', '"greedy"'), 'draft_policy must be "auto" or an integer'),
-    (pair_toml().replace('"auto"', "0"), "draft_policy must be between 1 and 64"),
-    (pair_toml(name="Big/One"), "name must be lowercase"),
-    ("models = []\n", "unknown top-level key 'models'"),
-    ("pair = 3\n", "'pair' must be an array of tables"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[pair]]\nname = \n", "invalid TOML: line 2, column 8: invalid value"),
+        ("[pair\n", "invalid TOML: line 1, column 6: expected ']'"),
+        ("[[pair]]\nname = 'x'\n[[pair]]\nname = 'x'\n", "pair 'x': missing field 'target'"),
+        (pair_toml() + "colour = 'red'\n", "pair 'tiny': unknown key 'colour'"),
+        (pair_toml() + pair_toml(), "duplicate pair name 'tiny'"),
+        (pair_toml().replace("4096", '"long"'), "'context_length' must be an integer"),
+        (pair_toml().replace("4096", "true"), "'context_length' must be an integer"),
+        (pair_toml().replace('"auto"', '"greedy"'), 'draft_policy must be "auto" or an integer'),
+        (pair_toml().replace('"auto"', "0"), "draft_policy must be between 1 and 64"),
+        (pair_toml(name="Big/One"), "name must be lowercase"),
+        ("models = []\n", "unknown top-level key 'models'"),
+        ("pair = 3\n", "'pair' must be an array of tables"),
+    ],
+)
 def test_bad_user_catalog_is_one_line_naming_the_file(hf_cache, text, message):
     path = user_catalog(text)
     with pytest.raises(MacspecError) as info:
@@ -122,11 +130,14 @@ def test_default_pair_comes_from_user_config(hf_cache):
     assert catalog.default_pair_name() == "qwen3-8b"
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("default_pair = 3\n", "'default_pair' must be a str"),
-    ("colour = 'x'\n", "unknown key 'colour'"),
-    ("default_pair = \n", "invalid TOML: line 1"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("default_pair = 3\n", "'default_pair' must be a str"),
+        ("colour = 'x'\n", "unknown key 'colour'"),
+        ("default_pair = \n", "invalid TOML: line 1"),
+    ],
+)
 def test_bad_user_config(hf_cache, text, message):
     home.config_path().parent.mkdir(parents=True)
     home.config_path().write_text(text)
@@ -135,6 +146,7 @@ def test_bad_user_config(hf_cache, text, message):
 
 
 # ---- resolve_models -------------------------------------------------------------------------
+
 
 def test_resolve_a_downloaded_pair(cached_model):
     target, draft = cached_model("test/tiny-target"), cached_model("test/tiny-draft")
@@ -158,8 +170,7 @@ def test_resolve_model_alone_is_target_only(cached_model, tiny_model_folder):
     resolved = resolve_models(None, "test/tiny-target", None)
     assert (resolved.target, resolved.draft, resolved.pair) == (snapshot, None, None)
     with_draft = resolve_models(None, "test/tiny-target", str(tiny_model_folder))
-    assert with_draft.draft == tiny_model_folder and with_draft.draft_name == str(
-        tiny_model_folder)
+    assert with_draft.draft == tiny_model_folder and with_draft.draft_name == str(tiny_model_folder)
 
 
 def test_draft_model_replaces_the_pairs_draft(cached_model, tiny_model_folder):
@@ -178,14 +189,22 @@ def test_resolve_works_offline_with_no_network(cached_model, monkeypatch, networ
     assert network_calls == []
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (("tiny", None, None), "pair 'tiny' is not downloaded (test/tiny-target missing); "
-                           "run: macspec pull tiny"),
-    ((None, "test/absent", None), "test/absent is not downloaded; run: macspec pull test/absent"),
-    (("tiny", "test/tiny-target", None), "--pair and --model both given"),
-    (("nope", None, None), "unknown pair 'nope'"),
-    ((None, "./no/such/folder", None), "no such model folder"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("tiny", None, None),
+            "pair 'tiny' is not downloaded (test/tiny-target missing); run: macspec pull tiny",
+        ),
+        (
+            (None, "test/absent", None),
+            "test/absent is not downloaded; run: macspec pull test/absent",
+        ),
+        (("tiny", "test/tiny-target", None), "--pair and --model both given"),
+        (("nope", None, None), "unknown pair 'nope'"),
+        ((None, "./no/such/folder", None), "no such model folder"),
+    ],
+)
 def test_resolve_errors_are_one_line(hf_cache, args, message):
     user_catalog(pair_toml())
     with pytest.raises(MacspecError) as info:
@@ -210,12 +229,18 @@ def test_unknown_default_pair_names_the_config(hf_cache):
 
 # ---- memory ---------------------------------------------------------------------------------
 
+
 def test_kv_cache_formula():
-    config = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-              "hidden_size": 4096}
+    config = {
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 4096,
+    }
     assert memory.kv_cache_bytes(config, 1000) == 2 * 32 * 8 * 128 * 1000 * 2
     assert memory.kv_cache_bytes({"text_config": {**config, "head_dim": 64}}, 10) == (
-        2 * 32 * 8 * 64 * 10 * 2)
+        2 * 32 * 8 * 64 * 10 * 2
+    )
     assert memory.kv_cache_bytes({"hidden_size": 8}, 10) is None
 
 

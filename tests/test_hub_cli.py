@@ -59,8 +59,10 @@ def files_bytes(snapshot: Path) -> int:
 
 # ---- pull -----------------------------------------------------------------------------------
 
-def test_pull_of_a_cached_pair_works_offline(capsys, cached_model, tiny_pair, monkeypatch,
-                                             network_calls):
+
+def test_pull_of_a_cached_pair_works_offline(
+    capsys, cached_model, tiny_pair, monkeypatch, network_calls
+):
     target, draft = cached_model("test/tiny-target"), cached_model("test/tiny-draft")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, out, err = cli(capsys, "pull", "tiny")
@@ -70,8 +72,9 @@ def test_pull_of_a_cached_pair_works_offline(capsys, cached_model, tiny_pair, mo
     assert network_calls == []
 
 
-def test_second_pull_does_no_network_work_even_online(capsys, cached_model, network_calls,
-                                                      monkeypatch):
+def test_second_pull_does_no_network_work_even_online(
+    capsys, cached_model, network_calls, monkeypatch
+):
     cached_model("test/tiny-target")
     monkeypatch.setattr(hub, "plan_download", lambda repo: pytest.fail("asked the hub"))
     code, out, _ = cli(capsys, "pull", "test/tiny-target")
@@ -79,8 +82,9 @@ def test_second_pull_does_no_network_work_even_online(capsys, cached_model, netw
     assert network_calls == []
 
 
-def test_pull_downloads_what_is_missing_with_progress(capsys, cached_model, tiny_pair,
-                                                      tiny_model_folder, hf_cache, monkeypatch):
+def test_pull_downloads_what_is_missing_with_progress(
+    capsys, cached_model, tiny_pair, tiny_model_folder, hf_cache, monkeypatch
+):
     """The flow around huggingface_hub: plan, disk check, download with a tqdm_class, report."""
     cached_model("test/tiny-draft")  # shared draft already here: only the target is fetched
     plans, downloads, reports = [], [], []
@@ -141,6 +145,7 @@ def test_pull_demo_needs_no_download(capsys, hf_cache, monkeypatch, tmp_path, ti
 
 # ---- models ---------------------------------------------------------------------------------
 
+
 def test_models_json_reports_paths_and_sizes(capsys, cached_model, tiny_pair):
     target, draft = cached_model("test/tiny-target"), cached_model("test/tiny-draft")
     code, out, err = cli(capsys, "models", "--json")
@@ -172,8 +177,10 @@ def test_models_table(capsys, cached_model, tiny_pair):
 
 # ---- rm -------------------------------------------------------------------------------------
 
-def test_rm_removes_the_pair_but_keeps_a_draft_another_pair_uses(capsys, cached_model,
-                                                                  tiny_pair, hf_cache):
+
+def test_rm_removes_the_pair_but_keeps_a_draft_another_pair_uses(
+    capsys, cached_model, tiny_pair, hf_cache
+):
     for repo in ("test/tiny-target", "test/tiny-target2", "test/tiny-draft"):
         cached_model(repo)
     code, out, _ = cli(capsys, "rm", "tiny", "--yes")
@@ -197,13 +204,15 @@ def test_rm_without_an_answer_removes_nothing(capsys, cached_model, monkeypatch)
     snapshot = cached_model("test/tiny-target")
     code, _, err = cli(capsys, "rm", "test/tiny-target")  # pytest's stdin cannot be read
     assert code == 2
-    assert err.strip().endswith("no answer on stdin, nothing removed (pass --yes to remove "
-                                "without asking)")
+    assert err.strip().endswith(
+        "no answer on stdin, nothing removed (pass --yes to remove without asking)"
+    )
     assert snapshot.is_dir()
 
 
-@pytest.mark.parametrize(("answer", "code", "removed"), [("y\n", 0, True), ("n\n", 1, False),
-                                                         ("", 2, False)])
+@pytest.mark.parametrize(
+    ("answer", "code", "removed"), [("y\n", 0, True), ("n\n", 1, False), ("", 2, False)]
+)
 def test_rm_asks_first(cached_model, answer, code, removed):
     from typer.testing import CliRunner
 
@@ -227,13 +236,15 @@ def test_rm_never_touches_the_demo(capsys, hf_cache):
 
 # ---- bad input: one line on stderr, exit 2, nothing written ---------------------------------
 
+
 def _malformed(_):
     home.user_catalog_path().write_text("[[pair]]\nname = 'x'\ntarget = \n")
 
 
 def _unknown_key(_):
-    home.user_catalog_path().write_text(PAIR.replace("size_gb = 0.01\n", "size_gb = 0.01\nk=1\n",
-                                                     1))
+    home.user_catalog_path().write_text(
+        PAIR.replace("size_gb = 0.01\n", "size_gb = 0.01\nk=1\n", 1)
+    )
 
 
 def _missing_field(_):
@@ -257,23 +268,42 @@ def _nothing(_):
     pass
 
 
-@pytest.mark.parametrize(("setup", "args", "message"), [
-    (_nothing, ["pull", "nope"], "unknown pair 'nope' (known: demo, "),
-    (_nothing, ["rm", "nope"], "unknown pair 'nope'"),
-    (_malformed, ["models"], "models.toml: invalid TOML: line 3, column 10: invalid value"),
-    (_unknown_key, ["models"], "models.toml: pair 'tiny': unknown key 'k'"),
-    (_missing_field, ["pull", "tiny"], "models.toml: pair 'tiny': missing field 'description'"),
-    (_duplicate, ["models", "--json"], "models.toml: duplicate pair name 'tiny'"),
-    (_offline, ["pull", "tiny"], "test/tiny-target is not downloaded and HF_HUB_OFFLINE is set"),
-    (_nothing, ["pull", "test/absent"],  # online, but the hub cannot be reached
-     "cannot reach the Hugging Face hub to download test/absent"),
-    (_disk_full, ["pull", "tiny"], "not enough disk space for tiny: needs 10.0 GB, 0.0 GB free"),
-    (_nothing, ["rm", "tiny", "--yes"], "tiny is not downloaded; nothing to remove"),
-    (_nothing, ["rm", "test/absent", "--yes"], "test/absent is not downloaded; nothing to remove"),
-    (_nothing, ["pull", "a/b/c"], "unknown pair 'a/b/c'"),
-])
-def test_bad_input_is_one_line_exit_2_nothing_written(capsys, tiny_pair, hf_cache, monkeypatch,
-                                                      setup, args, message):
+@pytest.mark.parametrize(
+    ("setup", "args", "message"),
+    [
+        (_nothing, ["pull", "nope"], "unknown pair 'nope' (known: demo, "),
+        (_nothing, ["rm", "nope"], "unknown pair 'nope'"),
+        (_malformed, ["models"], "models.toml: invalid TOML: line 3, column 10: invalid value"),
+        (_unknown_key, ["models"], "models.toml: pair 'tiny': unknown key 'k'"),
+        (_missing_field, ["pull", "tiny"], "models.toml: pair 'tiny': missing field 'description'"),
+        (_duplicate, ["models", "--json"], "models.toml: duplicate pair name 'tiny'"),
+        (
+            _offline,
+            ["pull", "tiny"],
+            "test/tiny-target is not downloaded and HF_HUB_OFFLINE is set",
+        ),
+        (
+            _nothing,
+            ["pull", "test/absent"],  # online, but the hub cannot be reached
+            "cannot reach the Hugging Face hub to download test/absent",
+        ),
+        (
+            _disk_full,
+            ["pull", "tiny"],
+            "not enough disk space for tiny: needs 10.0 GB, 0.0 GB free",
+        ),
+        (_nothing, ["rm", "tiny", "--yes"], "tiny is not downloaded; nothing to remove"),
+        (
+            _nothing,
+            ["rm", "test/absent", "--yes"],
+            "test/absent is not downloaded; nothing to remove",
+        ),
+        (_nothing, ["pull", "a/b/c"], "unknown pair 'a/b/c'"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(
+    capsys, tiny_pair, hf_cache, monkeypatch, setup, args, message
+):
     setup(monkeypatch)
     home_dir = home.macspec_home()
     before = tree(hf_cache), tree(home_dir)
@@ -286,6 +316,7 @@ def test_bad_input_is_one_line_exit_2_nothing_written(capsys, tiny_pair, hf_cach
 
 
 # ---- hub helpers ----------------------------------------------------------------------------
+
 
 def test_hub_reads_the_environment_on_every_call(monkeypatch, tmp_path):
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
@@ -313,8 +344,10 @@ def test_a_cached_fake_model_loads_with_mlx_lm(cached_model):
 
 # ---- against a fake hub on localhost: the real huggingface_hub download path ----------------
 
-def test_pull_from_the_hub_then_a_second_pull_asks_nothing(capsys, fake_hub, tiny_pair,
-                                                           tiny_model_folder, hf_cache):
+
+def test_pull_from_the_hub_then_a_second_pull_asks_nothing(
+    capsys, fake_hub, tiny_pair, tiny_model_folder, hf_cache
+):
     for repo in ("test/tiny-target", "test/tiny-draft"):
         fake_hub.add(repo, tiny_model_folder)
     code, out, err = cli(capsys, "pull", "tiny")
@@ -322,7 +355,8 @@ def test_pull_from_the_hub_then_a_second_pull_asks_nothing(capsys, fake_hub, tin
     snapshot = hub.cached_model_path("test/tiny-target")
     assert snapshot is not None and f"test/tiny-target: downloaded ({snapshot})" in out
     assert sorted(p.name for p in snapshot.iterdir()) == sorted(
-        p.name for p in tiny_model_folder.iterdir())  # model files only: no README.md
+        p.name for p in tiny_model_folder.iterdir()
+    )  # model files only: no README.md
     assert "test/tiny-draft" in err  # the progress display
     fake_hub.log.clear()
     code, out, _ = cli(capsys, "pull", "tiny")
@@ -330,8 +364,9 @@ def test_pull_from_the_hub_then_a_second_pull_asks_nothing(capsys, fake_hub, tin
     assert fake_hub.log == []
 
 
-def test_pull_after_an_interruption_fetches_only_the_missing_files(capsys, fake_hub, hf_cache,
-                                                                   tiny_model_folder):
+def test_pull_after_an_interruption_fetches_only_the_missing_files(
+    capsys, fake_hub, hf_cache, tiny_model_folder
+):
     fake_hub.add("test/tiny-target", tiny_model_folder)
     assert cli(capsys, "pull", "test/tiny-target")[0] == 0
     snapshot = hub.cached_model_path("test/tiny-target")
@@ -345,31 +380,40 @@ def test_pull_after_an_interruption_fetches_only_the_missing_files(capsys, fake_
     assert (plan.files, plan.download_bytes) == (1, size)
     code, out, err = cli(capsys, "pull", "test/tiny-target")
     assert code == 0, err
-    fetched = [path.rsplit("/", 1)[1] for method, path, _ in fake_hub.log
-               if method == "GET" and "/resolve/" in path]
+    fetched = [
+        path.rsplit("/", 1)[1]
+        for method, path, _ in fake_hub.log
+        if method == "GET" and "/resolve/" in path
+    ]
     assert fetched == ["model.safetensors"]
     assert weights.read_bytes() == (tiny_model_folder / weights.name).read_bytes()
 
 
-def test_a_dropped_connection_resumes_where_it_stopped(capsys, fake_hub, tiny_model_folder,
-                                                       hf_cache, monkeypatch):
+def test_a_dropped_connection_resumes_where_it_stopped(
+    capsys, fake_hub, tiny_model_folder, hf_cache, monkeypatch
+):
     monkeypatch.setattr("huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE", 4096)  # not 10 MB
     fake_hub.add("test/tiny-target", tiny_model_folder)
     fake_hub.cut_once.add("model.safetensors")
     code, _, err = cli(capsys, "pull", "test/tiny-target")
     assert code == 0, err
-    ranges = [r for method, path, r in fake_hub.log
-              if method == "GET" and path.endswith("/model.safetensors")]
+    ranges = [
+        r
+        for method, path, r in fake_hub.log
+        if method == "GET" and path.endswith("/model.safetensors")
+    ]
     size = (tiny_model_folder / "model.safetensors").stat().st_size
     assert ranges[0] is None and len(ranges) == 2  # the second request resumes midway
     assert ranges[1].startswith("bytes=") and 0 < int(ranges[1][6:-1]) <= size // 2
     snapshot = hub.cached_model_path("test/tiny-target")
     assert (snapshot / "model.safetensors").read_bytes() == (
-        tiny_model_folder / "model.safetensors").read_bytes()
+        tiny_model_folder / "model.safetensors"
+    ).read_bytes()
 
 
-def test_pull_checks_the_real_sizes_against_free_disk(capsys, fake_hub, tiny_model_folder,
-                                                      hf_cache, monkeypatch):
+def test_pull_checks_the_real_sizes_against_free_disk(
+    capsys, fake_hub, tiny_model_folder, hf_cache, monkeypatch
+):
     fake_hub.add("test/tiny-target", tiny_model_folder)
     monkeypatch.setattr(hub, "free_disk_bytes", lambda path: 1000)
     code, out, err = cli(capsys, "pull", "test/tiny-target")
@@ -381,5 +425,6 @@ def test_pull_checks_the_real_sizes_against_free_disk(capsys, fake_hub, tiny_mod
 def test_pull_of_a_repo_the_hub_does_not_have(capsys, fake_hub, hf_cache):
     code, _, err = cli(capsys, "pull", "test/nothere")
     assert code == 2
-    assert err == ("macspec: error: test/nothere: no such model on the Hugging Face hub "
-                   "(or it is private)\n")
+    assert err == (
+        "macspec: error: test/nothere: no such model on the Hugging Face hub (or it is private)\n"
+    )

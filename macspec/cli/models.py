@@ -22,9 +22,14 @@ from macspec.catalog import Catalog, Pair, PairStatus, load_catalog, pair_status
 from macspec.cli.app import app, fail
 from macspec.memory import estimate, machine_memory_bytes, usable_memory_bytes
 
-NameArg = Annotated[str, typer.Argument(
-    help="A pair name from `macspec models`, or one Hugging Face repo id (org/name).",
-    metavar="PAIR|REPO", show_default=False)]
+NameArg = Annotated[
+    str,
+    typer.Argument(
+        help="A pair name from `macspec models`, or one Hugging Face repo id (org/name).",
+        metavar="PAIR|REPO",
+        show_default=False,
+    ),
+]
 
 
 def _gb(n: int | None) -> str:
@@ -72,9 +77,17 @@ def _status_rows(statuses: list[PairStatus]) -> list[list[str]]:
         on_disk = [s for s in (status.target_size_bytes, status.draft_size_bytes) if s is not None]
         mem = _gb(memory.total_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
         fits = {True: "yes", False: "no", None: "?"}[memory.fits]
-        rows.append([pair.name, downloaded, _gb(sum(on_disk)) if on_disk else "-",
-                     "package" if pair.is_packaged else f"~{pair.size_gb:.1f} GB",
-                     mem, fits, pair.description])
+        rows.append(
+            [
+                pair.name,
+                downloaded,
+                _gb(sum(on_disk)) if on_disk else "-",
+                "package" if pair.is_packaged else f"~{pair.size_gb:.1f} GB",
+                mem,
+                fits,
+                pair.description,
+            ]
+        )
     return rows
 
 
@@ -87,16 +100,22 @@ def _status_table(statuses: list[PairStatus], width: int) -> Table:
     with_description = room >= 12
     table = Table(title="macspec model pairs", title_justify="left", caption_justify="left")
     for header, column_width in zip(headers, widths):
-        table.add_column(header, justify="right" if header in {"on disk", "download", "memory"}
-                         else "left", no_wrap=True, min_width=column_width)
+        table.add_column(
+            header,
+            justify="right" if header in {"on disk", "download", "memory"} else "left",
+            no_wrap=True,
+            min_width=column_width,
+        )
     if with_description:
         table.add_column("description", no_wrap=True, max_width=room)
     for row in rows:
         description = row[-1] if len(row[-1]) <= room else row[-1][: room - 1] + "…"
         table.add_row(*row[:-1], *([description] if with_description else []))
     total, usable = machine_memory_bytes(), usable_memory_bytes()
-    table.caption = (f"memory: weights + KV cache at the full context; +/?: KV cache unknown "
-                     f"until pulled. This machine: {_gb(total)}, {_gb(usable)} for models.")
+    table.caption = (
+        f"memory: weights + KV cache at the full context; +/?: KV cache unknown "
+        f"until pulled. This machine: {_gb(total)}, {_gb(usable)} for models."
+    )
     return table
 
 
@@ -151,7 +170,7 @@ def _warn_memory(pair: Pair | None, repos: list[str], download_bytes: int) -> No
         )
 
 
-def _download_all(repos: list[str]) -> None:
+def _download_all(plans: list[hub.DownloadPlan]) -> None:
     """Download repos one after the other under one rich progress display on stderr."""
     columns = (
         TextColumn("{task.description}"),
@@ -161,14 +180,15 @@ def _download_all(repos: list[str]) -> None:
         TimeRemainingColumn(),
     )
     with Progress(*columns, console=_stderr(), transient=False) as progress:
-        for repo in repos:
-            task = progress.add_task(repo, total=None)
+        for plan in plans:
+            task = progress.add_task(plan.repo, total=plan.download_bytes or None)
 
-            def report(event: hub.DownloadProgress, task=task) -> None:
-                progress.update(task, completed=event.done_bytes, total=event.total_bytes)
+            def report(event: hub.DownloadProgress, task=task, planned=plan.download_bytes):
+                total = max(planned, event.total_bytes or 0) or None
+                progress.update(task, completed=event.done_bytes, total=total)
 
-            path = hub.download(repo, on_progress=report)
-            done = progress.tasks[task].completed or hub.size_on_disk(path)
+            hub.download(plan.repo, on_progress=report)
+            done = progress.tasks[task].completed or plan.download_bytes
             progress.update(task, completed=done, total=done)
 
 
@@ -197,7 +217,7 @@ def pull(
         total = sum(plan.download_bytes for plan in plans)
         hub.check_disk_space(total, name)
         _warn_memory(pair, repos, total)
-        _download_all(missing)
+        _download_all(plans)
     for repo in repos:
         state = "downloaded" if repo in missing else "already downloaded"
         typer.echo(f"{repo}: {state} ({hub.cached_model_path(repo)})")
@@ -233,8 +253,9 @@ def rm(
 ) -> None:
     """Remove a downloaded pair or model.
 
-    Deletes a pair's (or one repo's) files from the Hugging Face cache. A draft that another downloaded pair still uses is kept. The shipped demo pair and
-    local model folders are never removed.
+    Deletes a pair's (or one repo's) files from the Hugging Face cache. A draft that
+    another downloaded pair still uses is kept. The shipped demo pair and local model
+    folders are never removed.
     """
     catalog = load_catalog()
     pair, repos = _members(catalog, name)
