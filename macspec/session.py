@@ -1,0 +1,233 @@
+"""A chat session: the messages, the chat template, one Engine kept across turns, the store.
+
+Keeping one Engine is what makes a turn cheap: its target and draft caches still hold the
+previous prompt and answer, and `Engine.generate` reuses their longest common prefix, so
+a new turn prefills only the new tokens. When the conversation outgrows the context
+window, the oldest turns are left out of the prompt (on purpose, with a notice) and stay
+out, so the prompt's prefix is stable again from the next turn on.
+
+Every user message is saved before generation starts; the answer row is written while it
+streams and finished in a `finally`, so a cancel, a crash or Ctrl-C leaves it saved as far
+as it got and marked incomplete.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from macspec.engine import Engine, GenerationConfig
+from macspec.errors import MacspecError
+from macspec.events import Done, Event, Token
+from macspec.store import ModelInfo, Store, title_for
+from macspec.templates import encode_messages
+
+SAVE_EVERY_S = 0.5
+"""How often a streaming answer is written to the store (it is always written at its end)."""
+
+
+@dataclass(frozen=True)
+class ContextTrimmed:
+    """Older turns were left out of the prompt so the conversation fits the context window."""
+
+    dropped_messages: int
+    """Messages (from the start of the conversation) the model no longer sees."""
+    prompt_tokens: int
+    """Tokens of the prompt after dropping them."""
+    context_length: int
+    """The context window, in tokens."""
+
+    @property
+    def text(self) -> str:
+        return (
+            f"The conversation outgrew the {self.context_length}-token context: the oldest "
+            f"{self.dropped_messages} messages are no longer sent to the model "
+            f"(prompt now {self.prompt_tokens} tokens)."
+        )
+
+
+SessionEvent = ContextTrimmed | Event
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    """What one turn will feed the engine."""
+
+    ids: list[int]
+    """The templated prompt."""
+    first_message: int
+    """Index in `messages` of the first message the prompt includes."""
+    max_tokens: int
+    """Room left for the answer (config.max_tokens, or less near the context limit)."""
+
+
+class ChatSession:
+    """Messages of one conversation, generated with one Engine and saved to a Store."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer,
+        store: Store,
+        conversation_id: int | None = None,
+        config: GenerationConfig | None = None,
+        context_length: int | None = None,
+        models: ModelInfo | None = None,
+        system_prompt: str | None = None,
+    ):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.store = store
+        self.config = config if config is not None else GenerationConfig()
+        self.context_length = context_length
+        """Tokens the pair can attend to; None: no limit is enforced."""
+        self.models = models if models is not None else ModelInfo()
+        self.system_prompt = system_prompt
+        self.conversation_id: int | None = None
+        self.messages: list[dict[str, str]] = []
+        """{'role', 'content'} of the whole conversation, oldest first (what the UI shows)."""
+        self.first_message = 0
+        """Messages before this index are no longer fed to the model (context trimming)."""
+        self.last_prompt: list[int] = []
+        """The ids of the latest turn's prompt (for tests and stats)."""
+        if conversation_id is not None:
+            self.resume(conversation_id)
+
+    # -- conversations -------------------------------------------------------------------
+    def new_conversation(self) -> None:
+        """Start over; the next message creates a new stored conversation."""
+        self.conversation_id, self.messages, self.first_message = None, [], 0
+
+    def resume(self, conversation_id: int) -> None:
+        """Load a stored conversation; the next message continues it."""
+        stored = self.store.get(conversation_id)
+        self.conversation_id = conversation_id
+        self.messages = [
+            {"role": m.role, "content": m.content} for m in stored.messages if m.role != "system"
+        ]
+        self.first_message = 0
+
+    def set_engine(
+        self,
+        engine: Engine,
+        tokenizer,
+        models: ModelInfo,
+        context_length: int | None = None,
+    ) -> None:
+        """Switch to another pair; the conversation goes on (the new caches start empty)."""
+        self.engine, self.tokenizer, self.models = engine, tokenizer, models
+        self.context_length = context_length
+        self.first_message = 0
+
+    # -- prompts -------------------------------------------------------------------------
+    def _encode(self, messages: list[dict[str, str]]) -> list[int]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return encode_messages(self.tokenizer, system + messages)
+
+    def plan(self, messages: list[dict[str, str]]) -> PromptPlan:
+        """Fit `messages` (ending with the new user message) into the context window.
+
+        Drops whole turns from the start until the prompt leaves room for an answer of
+        min(max_tokens, a quarter of the context); the newest message is never dropped,
+        and a message too long on its own is a MacspecError.
+        """
+        start = min(self.first_message, len(messages) - 1)
+        limit = self.context_length
+        while True:
+            ids = self._encode(messages[start:])
+            if limit is None:
+                return PromptPlan(ids, start, self.config.max_tokens)
+            room = limit - len(ids)
+            wanted = min(self.config.max_tokens, max(1, limit // 4))
+            if room >= wanted:
+                return PromptPlan(ids, start, min(self.config.max_tokens, room))
+            later = [i for i in range(start + 1, len(messages)) if messages[i]["role"] == "user"]
+            if not later:
+                if room >= 1:  # the newest message alone: answer in whatever room is left
+                    return PromptPlan(ids, start, room)
+                raise MacspecError(
+                    f"the message is too long: {len(ids)} tokens with the chat template, "
+                    f"and the context holds {limit}; shorten it"
+                )
+            start = later[0]
+
+    # -- a turn --------------------------------------------------------------------------
+    def send(
+        self, text: str, cancelled: Callable[[], bool] | None = None
+    ) -> Iterator[SessionEvent]:
+        """Save the user's message, then return the answer's events as they stream.
+
+        Raises at once (nothing saved, nothing changed) for an empty or too long message.
+        The answer is saved while streaming, and finished whatever way the stream ends.
+        """
+        if not text.strip():
+            raise MacspecError("the message is empty")
+        messages = [*self.messages, {"role": "user", "content": text}]
+        plan = self.plan(messages)
+        if self.conversation_id is None:
+            self.conversation_id = self.store.create_conversation(title_for(text), self.models)
+        self.store.add_message(self.conversation_id, "user", text)
+        answer = {"role": "assistant", "content": ""}
+        answer_id = self.store.add_message(
+            self.conversation_id, "assistant", "", complete=False, models=self.models
+        )
+        # The answer is in the history from now on, so turns always alternate.
+        self.messages = [*messages, answer]
+        notice = None
+        if plan.first_message > self.first_message:
+            notice = ContextTrimmed(plan.first_message, len(plan.ids), self.context_length or 0)
+        self.first_message = plan.first_message
+        self.last_prompt = plan.ids
+        config = replace(self.config, max_tokens=plan.max_tokens)
+        return self._stream(plan.ids, config, answer, answer_id, cancelled, notice)
+
+    def _stream(
+        self,
+        ids: list[int],
+        config: GenerationConfig,
+        answer: dict[str, str],
+        answer_id: int,
+        cancelled: Callable[[], bool] | None,
+        notice: ContextTrimmed | None,
+    ) -> Iterator[SessionEvent]:
+        pieces: list[str] = []
+        done: Done | None = None
+        finish = "interrupted"  # closed early or Ctrl-C, unless we learn better
+        saved_at = time.monotonic()
+        events = self.engine.generate(ids, config, cancelled)
+        try:
+            if notice is not None:
+                yield notice
+            for event in events:
+                if isinstance(event, Token):
+                    pieces.append(event.text)
+                    if time.monotonic() - saved_at >= SAVE_EVERY_S:
+                        answer["content"] = "".join(pieces)
+                        self.store.update_answer(
+                            answer_id, answer["content"], False, token_count=len(pieces)
+                        )
+                        saved_at = time.monotonic()
+                elif isinstance(event, Done):
+                    done = event
+                yield event
+        except Exception:
+            finish = "error"
+            raise
+        finally:
+            events.close()  # leaves both caches holding exactly what was delivered
+            if done is not None:
+                answer["content"] = done.text
+                self.store.update_answer(
+                    answer_id,
+                    done.text,
+                    complete=done.finish_reason != "cancelled",
+                    token_count=len(done.tokens),
+                    finish_reason=done.finish_reason,
+                    stats=done.stats.to_dict(),
+                )
+            else:
+                answer["content"] = "".join(pieces)
+                self.store.update_answer(
+                    answer_id, answer["content"], False, len(pieces), finish_reason=finish
+                )
