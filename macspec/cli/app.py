@@ -5,8 +5,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-import click
 import typer
+
+try:  # typer >= 0.26 vendors its own click; older releases use the click package
+    from typer._click.exceptions import ClickException
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import ClickException
 
 from macspec.errors import MacspecError
 
@@ -39,10 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MacspecError as exc:
         print(f"macspec: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except click.exceptions.Abort:
+    except typer.Abort:
         print("macspec: aborted", file=sys.stderr)
         return 130
-    except click.ClickException as exc:  # bad flags or values, from click's own parsing
+    except ClickException as exc:  # bad flags or values, from the argument parser
         print(f"macspec: error: {exc.format_message()}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
