@@ -7,9 +7,16 @@ from macspec.drafters import ModelDrafter
 from macspec.engine import Engine
 from macspec.errors import MacspecError
 from macspec.loader import LoadedModels, load_models
+from macspec.lookup import HybridDrafter, LookupDrafter
 from macspec.policy import make_policy
 
 DRAFT_SOURCES = ("model", "lookup", "hybrid")
+LOOKUP_DRAFT_TOKENS = 8
+"""`--draft lookup`'s default draft length: a fixed k, not 'auto'. A lookup guess costs no
+forward pass, which AutoPolicy's cost model (k x a draft step) has no measurement for, so
+with lookup alone it would settle on plain decoding. A fixed k wastes little: lookup proposes
+only on a match (a miss is a plain step), and on a GPU a verify pass over a few more ids costs
+about one pass. Where verify grows with m (a CPU), pass `-k` smaller if matches are poor."""
 
 
 def build_engine(
@@ -25,16 +32,32 @@ def build_engine(
     """
     if draft not in DRAFT_SOURCES:
         raise MacspecError(f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
-    if draft != "model":
-        raise MacspecError(f"--draft {draft} is not available yet")
     spec = num_draft_tokens
-    if spec is None:
+    if spec is None and draft == "lookup":
+        spec = str(LOOKUP_DRAFT_TOKENS)
+    elif spec is None:
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
     policy = make_policy(spec)  # validated even with --no-draft: a typo is still an error
-    draft_path = None if no_draft else resolved.draft
+    if draft == "hybrid" and resolved.draft is None and not no_draft:
+        raise MacspecError(
+            "--draft hybrid needs a draft model (--draft-model, or a --pair); "
+            "--draft lookup works with the target alone"
+        )
+    # Lookup needs no second model: a pair's draft is not even loaded.
+    draft_path = None if no_draft or draft == "lookup" else resolved.draft
     loaded = load_models(resolved.target, draft_path)
-    if loaded.draft is None:
+    if no_draft or (loaded.draft is None and draft != "lookup"):
         return Engine(loaded.target, loaded.tokenizer), loaded
-    drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+    if draft == "lookup":
+        drafter = LookupDrafter()
+        if spec.strip().lower() == "auto":
+            loaded.warnings.append(
+                "--num-draft-tokens auto cannot price lookup guesses (they cost no forward "
+                f"pass) and mostly decodes plainly; lookup's default is {LOOKUP_DRAFT_TOKENS}"
+            )
+    else:
+        drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+        if draft == "hybrid":
+            drafter = HybridDrafter(drafter)
     engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, vocab_size=loaded.vocab_size)
     return engine, loaded
