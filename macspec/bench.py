@@ -1,0 +1,480 @@
+"""The figures of `macspec bench`: pure functions over recorded runs, no models, no clocks.
+
+A run is recorded from the outside, the same way for every tool (macspec/bench_run.py does
+the recording): the ids it generated, when each arrived, and its cycle counts. Everything
+the report shows is computed here from those records, so tests can check the arithmetic.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+MACSPEC, MLX_LM = "macspec", "mlx-lm"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One way of decoding that the benchmark compares."""
+
+    tool: str
+    """'macspec' (our engine) or 'mlx-lm' (its stream_generate)."""
+    draft: str | None
+    """None: plain decoding of the target; a number 'k': k guesses per cycle; 'auto'."""
+    temperature: float
+    """Sampling temperature; 0 is greedy."""
+
+    @property
+    def k(self) -> int | None:
+        """The fixed draft length, or None for plain decoding and 'auto'."""
+        return int(self.draft) if self.draft is not None and self.draft.isdigit() else None
+
+    @property
+    def name(self) -> str:
+        """'macspec plain', 'mlx-lm k=3', 'macspec auto': the row label, temperature aside."""
+        if self.draft is None:
+            return f"{self.tool} plain"
+        return f"{self.tool} {'auto' if self.draft == 'auto' else f'k={self.draft}'}"
+
+    @property
+    def label(self) -> str:
+        """The name with its temperature: unique within one benchmark."""
+        return f"{self.name} T={self.temperature:g}"
+
+
+def baseline_of(config: BenchConfig) -> BenchConfig:
+    """What a configuration's speedup is measured against: macspec plain at its temperature."""
+    return BenchConfig(MACSPEC, None, config.temperature)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One generation of one prompt by one configuration, as seen from the outside."""
+
+    config: BenchConfig
+    """How it decoded."""
+    prompt: int
+    """Index of the prompt in the benchmark's prompt set."""
+    repeat: int
+    """Which repetition of the prompt set (0-based)."""
+    tokens: tuple[int, ...]
+    """Generated ids, end-of-sequence excluded."""
+    finish_reason: str
+    """'stop' (end of sequence) or 'length' (max tokens)."""
+    arrivals: tuple[float, ...]
+    """Seconds from the call to the arrival of each generated id."""
+    elapsed_s: float
+    """Seconds from the call until the generation was over."""
+    first_pass_tokens: int
+    """Ids the first target pass delivered (decode timing starts after them)."""
+    passes: int
+    """Target forward passes after the prompt: one per cycle."""
+    proposed: int
+    """Draft guesses sent to the target."""
+    accepted: int
+    """Guesses the target kept."""
+    rejections: int
+    """Cycles that ended on a rejected guess (the guesses after it were never judged)."""
+    peak_memory_bytes: int = 0
+    """mx.get_peak_memory() over this run."""
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Seconds to the first generated id, prompt processing included."""
+        return self.arrivals[0] if self.arrivals else None
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Ids after the first pass over the time after it.
+
+        Starting the clock at the end of the first pass (not at the first id) keeps a
+        speculative first pass, which delivers several ids at once, from counting as free.
+        """
+        first = min(self.first_pass_tokens, len(self.arrivals))
+        if first < 1 or len(self.arrivals) <= first:
+            return None
+        span = self.arrivals[-1] - self.arrivals[first - 1]
+        return (len(self.arrivals) - first) / span if span > 0 else None
+
+    @property
+    def wasted(self) -> int:
+        """Guesses drafted for nothing: proposed minus accepted."""
+        return self.proposed - self.accepted
+
+
+@dataclass(frozen=True)
+class MlxCycles:
+    """mlx-lm's speculative cycles, replayed from its `from_draft` flags."""
+
+    passes: int
+    proposed: int
+    accepted: int
+    rejections: int
+    first_pass_tokens: int
+
+
+def replay_mlx_cycles(
+    from_draft: Sequence[bool], k: int, max_tokens: int, delivered: int
+) -> MlxCycles:
+    """Count what mlx-lm's speculative_generate_step proposed, from the flags it yielded.
+
+    Its rule (mlx_lm/generate.py): each cycle drafts min(k, max_tokens - generated) ids,
+    yields the accepted ones (from_draft True), then one target id (from_draft False), which
+    ends the cycle; a cycle cut by max_tokens ends without it. `from_draft` holds a flag for
+    every id it yielded, the end-of-sequence id included; `delivered` counts ids without it.
+    k = 0 replays plain decoding: one pass per id.
+    """
+    passes = proposed = accepted = rejections = 0
+    first_pass = None
+    generated = 0
+    i = 0
+    while i < len(from_draft):
+        passes += 1
+        guesses = min(k, max_tokens - generated)
+        proposed += guesses
+        kept = 0
+        while i < len(from_draft) and from_draft[i]:
+            kept, i, generated = kept + 1, i + 1, generated + 1
+        accepted += kept
+        if i < len(from_draft):  # the target's own id closes the cycle
+            i, generated = i + 1, generated + 1
+            rejections += kept < guesses
+        if first_pass is None:
+            first_pass = min(generated, delivered)
+    return MlxCycles(passes, proposed, accepted, rejections, first_pass or 0)
+
+
+# -- statistics -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A median with its spread."""
+
+    median: float
+    q1: float
+    """First quartile (inclusive method; equals the median for a single value)."""
+    q3: float
+    """Third quartile."""
+    low: float
+    high: float
+    count: int
+
+
+def spread(values: Iterable[float | None]) -> Spread | None:
+    """Median, quartiles and range of the values that are not None; None when there are none."""
+    data = sorted(v for v in values if v is not None)
+    if not data:
+        return None
+    if len(data) == 1:
+        q1 = q3 = data[0]
+    else:
+        q1, _, q3 = statistics.quantiles(data, n=4, method="inclusive")
+    return Spread(statistics.median(data), q1, q3, data[0], data[-1], len(data))
+
+
+def ratio(part: int | float, whole: int | float) -> float | None:
+    return part / whole if whole else None
+
+
+# -- per configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigSummary:
+    """Every figure of one configuration, over all its prompts and repeats."""
+
+    config: BenchConfig
+    runs: int
+    generated_tokens: int
+    """Ids over all runs."""
+    decode_tokens_per_s: Spread | None
+    """Per run decode rate (see RunRecord.decode_tokens_per_s)."""
+    speedup: Spread | None
+    """Per (prompt, repeat): this decode rate over the baseline's on the same prompt and repeat.
+    Paired, so drift of the machine between prompts cancels."""
+    speedup_of_medians: float | None
+    """Median decode rate over the baseline's median decode rate."""
+    ttft_s: Spread | None
+    passes: int
+    proposed: int
+    accepted: int
+    rejections: int
+    acceptance_rate: float | None
+    """accepted / proposed, pooled over runs."""
+    judged_acceptance: float | None
+    """accepted / (accepted + rejections): the chance a guess is kept, per guess the target
+    judged (Leviathan's alpha); what the theory's formula takes."""
+    tokens_per_pass: float | None
+    """Generated ids / target passes, pooled."""
+    wasted: int
+    """Guesses drafted for nothing: proposed - accepted."""
+    draft_length: float | None
+    """Mean guesses per cycle (proposed / passes): k, or what 'auto' settled on."""
+    peak_memory_bytes: int
+    """The largest per run peak."""
+
+
+def summarize(records: Sequence[RunRecord]) -> list[ConfigSummary]:
+    """One summary per configuration, in the order configurations first appear."""
+    by_config: dict[BenchConfig, list[RunRecord]] = defaultdict(list)
+    for record in records:
+        by_config[record.config].append(record)
+    rates = {(r.config, r.prompt, r.repeat): r.decode_tokens_per_s for r in records}
+    summaries = []
+    for config, runs in by_config.items():
+        base = baseline_of(config)
+        paired = []
+        for run in runs:
+            mine, theirs = run.decode_tokens_per_s, rates.get((base, run.prompt, run.repeat))
+            paired.append(mine / theirs if mine and theirs else None)
+        decode = spread(r.decode_tokens_per_s for r in runs)
+        base_decode = spread(r.decode_tokens_per_s for r in by_config.get(base, []))
+        passes = sum(r.passes for r in runs)
+        proposed = sum(r.proposed for r in runs)
+        accepted = sum(r.accepted for r in runs)
+        rejections = sum(r.rejections for r in runs)
+        generated = sum(len(r.tokens) for r in runs)
+        summaries.append(
+            ConfigSummary(
+                config=config,
+                runs=len(runs),
+                generated_tokens=generated,
+                decode_tokens_per_s=decode,
+                speedup=spread(paired) if base in by_config else None,
+                speedup_of_medians=(
+                    decode.median / base_decode.median if decode and base_decode else None
+                ),
+                ttft_s=spread(r.ttft_s for r in runs),
+                passes=passes,
+                proposed=proposed,
+                accepted=accepted,
+                rejections=rejections,
+                acceptance_rate=ratio(accepted, proposed),
+                judged_acceptance=ratio(accepted, accepted + rejections),
+                tokens_per_pass=ratio(generated, passes),
+                wasted=proposed - accepted,
+                draft_length=ratio(proposed, passes),
+                peak_memory_bytes=max(r.peak_memory_bytes for r in runs),
+            )
+        )
+    return summaries
+
+
+# -- losslessness -----------------------------------------------------------------------------
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first position where two id sequences differ (a length counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A greedy output checked token for token against a reference output of the same prompt."""
+
+    config: BenchConfig
+    reference: BenchConfig
+    prompt: int
+    repeat: int
+    identical: bool
+    position: int | None
+    """First differing position (None when identical)."""
+    got: int | None
+    """The candidate's id there (None: it had ended)."""
+    expected: int | None
+    """The reference's id there (None: it had ended)."""
+    lengths: tuple[int, int]
+    """(candidate, reference) generated ids."""
+    margin: float | None = None
+    """The target's top-1 minus top-2 logit at the differing position, when measured: a
+    small gap means a numerical near tie flipped an argmax."""
+
+
+def compare(candidate: RunRecord, reference: RunRecord) -> Comparison:
+    at = first_difference(candidate.tokens, reference.tokens)
+
+    def token(tokens: tuple[int, ...]) -> int | None:
+        return tokens[at] if at is not None and at < len(tokens) else None
+
+    return Comparison(
+        config=candidate.config,
+        reference=reference.config,
+        prompt=candidate.prompt,
+        repeat=candidate.repeat,
+        identical=at is None,
+        position=at,
+        got=token(candidate.tokens),
+        expected=token(reference.tokens),
+        lengths=(len(candidate.tokens), len(reference.tokens)),
+    )
+
+
+def lossless_checks(records: Sequence[RunRecord]) -> list[Comparison]:
+    """At temperature 0, every macspec output against macspec plain and mlx-lm plain.
+
+    macspec plain itself is checked against mlx-lm plain: the baseline must be the target's
+    own greedy output too. mlx-lm speculative is checked against mlx-lm plain for reference.
+    """
+    greedy = {(r.config, r.prompt, r.repeat): r for r in records if r.config.temperature == 0}
+    ours_plain, mlx_plain = BenchConfig(MACSPEC, None, 0.0), BenchConfig(MLX_LM, None, 0.0)
+    checks = []
+    for (config, prompt, repeat), record in greedy.items():
+        if config.tool == MACSPEC and config.draft is not None:
+            references = [ours_plain, mlx_plain]
+        elif config == ours_plain or (config.tool == MLX_LM and config.draft is not None):
+            references = [mlx_plain]
+        else:
+            continue
+        for reference in references:
+            other = greedy.get((reference, prompt, repeat))
+            if other is not None:
+                checks.append(compare(record, other))
+    return checks
+
+
+@dataclass(frozen=True)
+class LosslessSummary:
+    """Checks of one configuration against one reference."""
+
+    config: BenchConfig
+    reference: BenchConfig
+    checked: int
+    identical: int
+    differences: list[Comparison] = field(default_factory=list)
+
+
+def summarize_lossless(checks: Sequence[Comparison]) -> list[LosslessSummary]:
+    grouped: dict[tuple[BenchConfig, BenchConfig], list[Comparison]] = defaultdict(list)
+    for check in checks:
+        grouped[(check.config, check.reference)].append(check)
+    return [
+        LosslessSummary(
+            config,
+            reference,
+            len(group),
+            sum(c.identical for c in group),
+            [c for c in group if not c.identical],
+        )
+        for (config, reference), group in grouped.items()
+    ]
+
+
+# -- what the theory predicts ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """This device's cost of verifying: a target pass over m ids, and a draft step."""
+
+    target_s: tuple[float, ...]
+    """target_s[m - 1]: median seconds of a target pass over m ids on a warm cache."""
+    draft_s: float
+    """Median seconds of one draft step (a pass over 1 id)."""
+
+    @property
+    def relative(self) -> tuple[float, ...]:
+        """T(m) / T(1) for m = 1, 2, ...: about m on a CPU, about 1 up to ~8 on Apple GPUs."""
+        return tuple(t / self.target_s[0] for t in self.target_s)
+
+    @property
+    def draft_cost(self) -> float:
+        """c: a draft step over a target pass of one id."""
+        return self.draft_s / self.target_s[0]
+
+
+def predicted_tokens_per_pass(a: float, k: int) -> float:
+    """Expected ids per cycle of k guesses, each kept with chance a given the ones before."""
+    return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def predicted_speedup(a: float, k: int, c: float, relative: Sequence[float]) -> float:
+    """(1 - a^(k+1)) / ((1 - a)(k c + T(k+1)/T(1))): over plain decoding, overheads aside."""
+    return predicted_tokens_per_pass(a, k) / (k * c + relative[k])
+
+
+def predicted_best_k(a: float, c: float, relative: Sequence[float]) -> tuple[int, float]:
+    """The k (0: plain decoding) the formula likes best on the measured curve, and its speedup."""
+    best = (0, 1.0)
+    for k in range(1, len(relative)):
+        speedup = predicted_speedup(a, k, c, relative)
+        if speedup > best[1]:
+            best = (k, speedup)
+    return best
+
+
+@dataclass(frozen=True)
+class TheoryRow:
+    """Predicted against measured, for one tool at one fixed k and temperature."""
+
+    config: BenchConfig
+    alpha: float
+    """judged_acceptance of the runs."""
+    predicted_tokens_per_pass: float
+    measured_tokens_per_pass: float | None
+    predicted_speedup: float
+    measured_speedup: float | None
+    """Median of the paired speedups."""
+
+
+def theory_rows(summaries: Sequence[ConfigSummary], curve: CostCurve) -> list[TheoryRow]:
+    rows = []
+    for s in summaries:
+        k = s.config.k
+        if k is None or s.judged_acceptance is None or k >= len(curve.relative):
+            continue
+        rows.append(
+            TheoryRow(
+                config=s.config,
+                alpha=s.judged_acceptance,
+                predicted_tokens_per_pass=predicted_tokens_per_pass(s.judged_acceptance, k),
+                measured_tokens_per_pass=s.tokens_per_pass,
+                predicted_speedup=predicted_speedup(
+                    s.judged_acceptance, k, curve.draft_cost, curve.relative
+                ),
+                measured_speedup=s.speedup.median if s.speedup else None,
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class BestK:
+    """The best draft length, predicted and measured, for macspec at one temperature."""
+
+    temperature: float
+    alpha: float
+    """Pooled over macspec's fixed-k runs: accepted / (accepted + rejections)."""
+    predicted_k: int
+    predicted_speedup: float
+    measured_k: int | None
+    """The fixed k with the highest median speedup; 0 when none beat plain decoding."""
+    measured_speedup: float | None
+    """Its median speedup (1.0 for plain decoding)."""
+
+
+def best_k(summaries: Sequence[ConfigSummary], curve: CostCurve) -> list[BestK]:
+    by_temp: dict[float, list[ConfigSummary]] = defaultdict(list)
+    for s in summaries:
+        if s.config.tool == MACSPEC and s.config.k is not None:
+            by_temp[s.config.temperature].append(s)
+    results = []
+    for temp, group in by_temp.items():
+        accepted = sum(s.accepted for s in group)
+        alpha = ratio(accepted, accepted + sum(s.rejections for s in group))
+        if alpha is None:
+            continue
+        k, speedup = predicted_best_k(alpha, curve.draft_cost, curve.relative)
+        measured = [(s.speedup.median, s.config.k) for s in group if s.speedup]
+        top = max(measured, default=None)
+        if top is not None and top[0] <= 1:
+            top = (1.0, 0)
+        results.append(
+            BestK(temp, alpha, k, speedup, top[1] if top else None, top[0] if top else None)
+        )
+    return results

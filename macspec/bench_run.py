@@ -1,0 +1,340 @@
+"""Running `macspec bench`: every configuration over the same loaded models and prompt ids.
+
+Each run is timed from the outside the same way whatever the tool (a wall clock around the
+whole generation, the arrival of each id counted here), and runs are interleaved prompt by
+prompt with the configurations in rotating order, so drift of a shared machine hits all alike.
+The figures are computed from the records by macspec/bench.py.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm import stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from macspec.bench import (
+    MACSPEC,
+    MLX_LM,
+    BenchConfig,
+    Comparison,
+    CostCurve,
+    RunRecord,
+    lossless_checks,
+    replay_mlx_cycles,
+)
+from macspec.cached import CachedModel
+from macspec.drafters import ModelDrafter
+from macspec.engine import Engine, GenerationConfig
+from macspec.errors import MacspecError
+from macspec.events import Cycle, Done, Token
+from macspec.loader import LoadedModels
+from macspec.policy import make_policy
+from macspec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What to run."""
+
+    max_tokens: int = 128
+    """Most ids per generation (every tool also stops at end of sequence)."""
+    temperature: float = 0.7
+    """The sampling temperature; every configuration also runs greedy (T=0)."""
+    top_p: float = 1.0
+    """Nucleus mass for the sampled runs (1 = off)."""
+    ks: tuple[int, ...] = (2, 3, 4)
+    """Fixed draft lengths to run, for macspec and mlx-lm alike."""
+    auto: bool = True
+    """Also run macspec with the adaptive draft length."""
+    repeats: int = 1
+    """Passes over the whole prompt set."""
+    seed: int = 0
+    """Seeds of the sampled runs derive from it (the same per prompt for every tool)."""
+    curve_max_m: int = 16
+    """The verify-cost curve times target passes over m = 1 .. curve_max_m ids."""
+    curve_repeats: int = 7
+    """Timings per m; the curve keeps their median."""
+    warmup: bool = True
+    """Run every configuration once, untimed, on a few ids before measuring."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 2:
+            raise MacspecError(f"--max-tokens must be >= 2 for a benchmark, got {self.max_tokens}")
+        if self.repeats < 1:
+            raise MacspecError(f"--repeats must be >= 1, got {self.repeats}")
+        if not self.temperature > 0:
+            raise MacspecError(
+                f"--temp is the sampling temperature and must be > 0 (T=0 always runs), "
+                f"got {self.temperature}"
+            )
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise MacspecError(f"--k needs positive draft lengths, got {list(self.ks)}")
+        if self.curve_max_m < max(self.ks) + 1:
+            raise MacspecError("the cost curve must reach k + 1 ids for every k")
+
+
+def plan_configs(settings: BenchSettings) -> list[BenchConfig]:
+    """The configurations, greedy first: plain (both tools), mlx-lm at each k, macspec too."""
+    configs = []
+    for temp in (0.0, settings.temperature):
+        configs += [BenchConfig(MACSPEC, None, temp), BenchConfig(MLX_LM, None, temp)]
+        configs += [BenchConfig(MLX_LM, str(k), temp) for k in settings.ks]
+        configs += [BenchConfig(MACSPEC, str(k), temp) for k in settings.ks]
+        if settings.auto:
+            configs.append(BenchConfig(MACSPEC, "auto", temp))
+    return configs
+
+
+def schedule(
+    configs: Sequence[BenchConfig], prompts: int, repeats: int
+) -> list[tuple[int, int, BenchConfig]]:
+    """(repeat, prompt, config) in run order: prompt by prompt, the configurations rotated
+    by one place at each prompt so none always runs first (on a cold cache) or last."""
+    order = []
+    for repeat in range(repeats):
+        for prompt in range(prompts):
+            shift = (repeat * prompts + prompt) % len(configs)
+            order += [(repeat, prompt, c) for c in [*configs[shift:], *configs[:shift]]]
+    return order
+
+
+def run_seed(settings: BenchSettings, prompt: int, repeat: int) -> int:
+    return settings.seed + 1000 * repeat + prompt
+
+
+class Runner:
+    """Runs one configuration on one prompt over models loaded once."""
+
+    def __init__(self, loaded: LoadedModels, settings: BenchSettings):
+        if loaded.draft is None:
+            raise MacspecError("macspec bench needs a draft model (--pair, or --draft-model)")
+        self.loaded = loaded
+        self.settings = settings
+
+    def run(
+        self,
+        config: BenchConfig,
+        prompt_ids: list[int],
+        prompt: int,
+        repeat: int,
+        max_tokens: int | None = None,
+    ) -> RunRecord:
+        max_tokens = max_tokens or self.settings.max_tokens
+        seed = run_seed(self.settings, prompt, repeat)
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        go = self._macspec if config.tool == MACSPEC else self._mlx
+        record = go(config, prompt_ids, max_tokens, seed)
+        return replace(
+            record, prompt=prompt, repeat=repeat, peak_memory_bytes=int(mx.get_peak_memory())
+        )
+
+    def _macspec(
+        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int
+    ) -> RunRecord:
+        loaded = self.loaded
+        sampling = SamplingParams(temperature=config.temperature, top_p=self.settings.top_p)
+        generation = GenerationConfig(max_tokens=max_tokens, sampling=sampling, seed=seed)
+        arrivals: list[float] = []
+        passes = proposed = accepted = rejections = first_pass = 0
+        done = None
+        started = time.perf_counter()
+        # A fresh engine per run, as stream_generate makes fresh caches: no reuse between runs.
+        drafter, policy = None, None
+        if config.draft is not None:
+            drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+            policy = make_policy(config.draft)
+        engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
+        for event in engine.generate(prompt_ids, generation):
+            if isinstance(event, Token):
+                arrivals.append(time.perf_counter() - started)
+                first_pass += passes == 1
+            elif isinstance(event, Cycle):
+                passes += 1
+                proposed += event.proposed
+                accepted += event.accepted
+                rejections += event.accepted < event.proposed
+            elif isinstance(event, Done):
+                done = event
+        elapsed = time.perf_counter() - started
+        assert done is not None
+        return RunRecord(
+            config,
+            0,
+            0,
+            tuple(done.tokens),
+            done.finish_reason,
+            tuple(arrivals),
+            elapsed,
+            first_pass,
+            passes,
+            proposed,
+            accepted,
+            rejections,
+        )
+
+    def _mlx(
+        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int
+    ) -> RunRecord:
+        loaded = self.loaded
+        top_p = self.settings.top_p if self.settings.top_p < 1 else 0.0  # mlx-lm: 0 is off
+        kwargs = {"max_tokens": max_tokens, "sampler": make_sampler(config.temperature, top_p)}
+        k = config.k or 0
+        if config.draft is not None:
+            kwargs.update(draft_model=loaded.draft, num_draft_tokens=k)
+        mx.random.seed(seed)  # mlx-lm samples from MLX's global generator
+        tokens: list[int] = []
+        flags: list[bool] = []
+        arrivals: list[float] = []
+        finish = "length"
+        started = time.perf_counter()
+        for response in stream_generate(loaded.target, loaded.tokenizer, prompt_ids, **kwargs):
+            flags.append(bool(response.from_draft))
+            if response.finish_reason == "stop":  # it carries the end-of-sequence id
+                finish = "stop"
+                continue
+            arrivals.append(time.perf_counter() - started)
+            tokens.append(int(response.token))
+        elapsed = time.perf_counter() - started
+        cycles = replay_mlx_cycles(flags, k, max_tokens, len(tokens))
+        return RunRecord(
+            config,
+            0,
+            0,
+            tuple(tokens),
+            finish,
+            tuple(arrivals),
+            elapsed,
+            cycles.first_pass_tokens,
+            cycles.passes,
+            cycles.proposed,
+            cycles.accepted,
+            cycles.rejections,
+        )
+
+
+def _filler(prompt_ids: Sequence[int], n: int) -> list[int]:
+    return [prompt_ids[i % len(prompt_ids)] for i in range(n)]
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _time_passes(model: CachedModel, ids: list[int], sizes: Sequence[int], repeats: int):
+    keep = len(model)
+    times: dict[int, list[float]] = {m: [] for m in sizes}
+    for repeat in range(repeats + 1):  # the first round warms up and is dropped
+        shift = repeat % len(sizes)
+        for m in [*sizes[shift:], *sizes[:shift]]:
+            mx.eval([c.state for c in model.cache])
+            started = time.perf_counter()
+            mx.eval(model.forward(ids[:m]))
+            elapsed = time.perf_counter() - started
+            model.trim_to(keep)
+            if repeat:
+                times[m].append(elapsed)
+    return {m: _median(t) for m, t in times.items()}
+
+
+def measure_cost_curve(
+    target: nn.Module, draft: nn.Module, prompt_ids: Sequence[int], max_m: int, repeats: int
+) -> CostCurve:
+    """Seconds of a target pass over m = 1..max_m ids and of a draft step, on warm caches."""
+    ids = _filler(prompt_ids, max_m)
+    warm = CachedModel(target, "target model")
+    warm.prefill(list(prompt_ids))
+    target_times = _time_passes(warm, ids, list(range(1, max_m + 1)), repeats)
+    warm_draft = CachedModel(draft, "draft model")
+    warm_draft.prefill(list(prompt_ids))
+    draft_times = _time_passes(warm_draft, ids, [1], max(repeats, 3) * 3)
+    return CostCurve(tuple(target_times[m] for m in range(1, max_m + 1)), draft_times[1])
+
+
+def argmax_margin(model: nn.Module, ids: Sequence[int], vocab_size: int | None = None) -> float:
+    """Top-1 minus top-2 logit of the model's next-token prediction after `ids`."""
+    logits = model(mx.array(list(ids), mx.uint32)[None])[0, -1, :vocab_size].astype(mx.float32)
+    top = mx.sort(logits)[-2:].tolist()
+    return top[1] - top[0]
+
+
+@dataclass
+class BenchResult:
+    """Everything a benchmark measured."""
+
+    settings: BenchSettings
+    configs: list[BenchConfig]
+    prompt_ids: list[list[int]]
+    """The ids every configuration got, per prompt (chat template applied)."""
+    records: list[RunRecord] = field(default_factory=list)
+    curve: CostCurve | None = None
+    checks: list[Comparison] = field(default_factory=list)
+    """Greedy outputs against their references (with the argmax margin at differences)."""
+    seconds: float = 0.0
+
+
+Progress = Callable[[int, int, str], None]
+"""progress(done, total, what is running now)."""
+
+
+def run_bench(
+    loaded: LoadedModels,
+    prompt_ids: list[list[int]],
+    settings: BenchSettings,
+    progress: Progress | None = None,
+) -> BenchResult:
+    """Warm up, measure the cost curve, run the schedule, check losslessness."""
+    started = time.perf_counter()
+    runner = Runner(loaded, settings)
+    configs = plan_configs(settings)
+    result = BenchResult(settings, configs, prompt_ids)
+    order = schedule(configs, len(prompt_ids), settings.repeats)
+    total = len(order) + 1 + (len(configs) if settings.warmup else 0)
+    done = 0
+
+    def step(what: str) -> None:
+        if progress is not None:
+            progress(done, total, what)
+
+    if settings.warmup:
+        for config in configs:
+            step(f"warm-up {config.label}")
+            runner.run(config, prompt_ids[0], 0, 0, max_tokens=min(8, settings.max_tokens))
+            done += 1
+    step("verify-cost curve")
+    result.curve = measure_cost_curve(
+        loaded.target, loaded.draft, prompt_ids[0], settings.curve_max_m, settings.curve_repeats
+    )
+    done += 1
+    for repeat, prompt, config in order:
+        step(f"prompt {prompt + 1}/{len(prompt_ids)} {config.label}")
+        result.records.append(runner.run(config, prompt_ids[prompt], prompt, repeat))
+        done += 1
+    step("checking outputs")
+    result.checks = [
+        _with_margin(loaded, prompt_ids, c, result.records) for c in lossless_checks(result.records)
+    ]
+    result.seconds = time.perf_counter() - started
+    step("done")
+    return result
+
+
+def _with_margin(
+    loaded: LoadedModels, prompt_ids: list[list[int]], check: Comparison, records
+) -> Comparison:
+    if check.identical:
+        return check
+    reference = next(
+        r
+        for r in records
+        if (r.config, r.prompt, r.repeat) == (check.reference, check.prompt, check.repeat)
+    )
+    context = prompt_ids[check.prompt] + list(reference.tokens[: check.position])
+    return replace(check, margin=argmax_margin(loaded.target, context, loaded.vocab_size))

@@ -1,0 +1,330 @@
+"""`macspec bench`: plain, mlx-lm and macspec decoding side by side; this module only renders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from macspec import prompts as prompt_sets
+from macspec.bench import ConfigSummary, LosslessSummary, Spread
+from macspec.bench_report import HOW_COUNTED, Report, plot, report, require_matplotlib, to_json
+from macspec.bench_run import BenchResult, BenchSettings, run_bench
+from macspec.catalog import resolve_models
+from macspec.cli import options as opt
+from macspec.cli.app import app, fail
+from macspec.loader import load_models
+from macspec.templates import encode_prompt
+
+NEAR_TIE = 0.05
+"""A top-1/top-2 logit gap below this is called a near tie: rounding can flip such an argmax."""
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        fail(f"--k must be a comma-separated list of draft lengths such as 2,3,4, got {text!r}")
+    if not ks or any(k < 1 or k > 15 for k in ks):
+        fail(f"--k must list draft lengths from 1 to 15, got {text!r}")
+    return ks
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _with_iqr(value: Spread | None, digits: int, unit: str = "") -> str:
+    """The median and, below it when there is a spread, its quartiles: '1.10–1.31'."""
+    if value is None:
+        return "-"
+    text = f"{value.median:.{digits}f}{unit}"
+    if value.count > 1:
+        text += f"\n[dim]{value.q1:.{digits}f}–{value.q3:.{digits}f}[/]"
+    return text
+
+
+def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
+    table = Table(
+        title=f"decoding at T={temperature:g} (median, IQR)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    table.add_column("config", no_wrap=True)
+    for name in ("tok/s", "speedup", "accept", "tok/\npass", "wasted", "k", "TTFT\nms", "peak\nMB"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for s in rows:
+        table.add_row(
+            s.config.name,
+            _with_iqr(s.decode_tokens_per_s, 1),
+            _with_iqr(s.speedup, 2, "x"),
+            _share(s.acceptance_rate),
+            _num(s.tokens_per_pass),
+            str(s.wasted) if s.proposed else "-",
+            _num(s.draft_length, 1) if s.config.draft else "-",
+            "-" if s.ttft_s is None else f"{s.ttft_s.median * 1000:.0f}",
+            f"{s.peak_memory_bytes / 1e6:.0f}",
+        )
+    return table
+
+
+def _difference(rep: Report, d) -> str:
+    got = "end" if d.got is None else str(d.got)
+    expected = "end" if d.expected is None else str(d.expected)
+    text = f"{rep.prompts[d.prompt].name}#{d.repeat + 1} @{d.position}: {got} vs {expected}"
+    if d.margin is not None:
+        text += f" (gap {d.margin:.3g}{', near tie' if d.margin < NEAR_TIE else ''})"
+    return text
+
+
+def lossless_table(rep: Report, groups: list[LosslessSummary]) -> Table:
+    table = Table(
+        title="lossless at T=0: identical ids, prompt by prompt",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    for name in ("config", "against", "identical", "first differences"):
+        table.add_column(name, no_wrap=name != "first differences")
+    for g in groups:
+        verdict = f"{g.identical}/{g.checked}"
+        style = "green" if g.identical == g.checked else "bold red"
+        shown = [_difference(rep, d) for d in g.differences[:4]]
+        if len(g.differences) > 4:
+            shown.append(f"... {len(g.differences) - 4} more (see --json)")
+        table.add_row(
+            g.config.name, g.reference.name, f"[{style}]{verdict}[/]", "; ".join(shown) or "-"
+        )
+    table.caption = (
+        "first differences: prompt#repeat @position: id vs reference id; gap: the target's "
+        f"top-1 minus top-2 logit there (< {NEAR_TIE}: a near tie rounding can flip)"
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def curve_table(rep: Report, per_row: int = 8) -> Table:
+    """T(m)/T(1) and ms per m, in bands of `per_row` m so it fits an 80-column terminal."""
+    curve = rep.result.curve
+    table = Table(
+        title="verify cost on this device: a target pass over m ids",
+        title_justify="left",
+        box=box.SIMPLE,
+        show_header=False,
+        pad_edge=False,
+    )
+    for _ in range(per_row + 1):
+        table.add_column(justify="right")
+    n = len(curve.relative)
+    for start in range(0, n, per_row):
+        band = range(start, min(n, start + per_row))
+        table.add_row("m", *[f"[bold]{m + 1}[/]" for m in band])
+        table.add_row("T(m)/T(1)", *[f"{curve.relative[m]:.2f}" for m in band])
+        table.add_row("ms", *[f"{curve.target_s[m] * 1000:.1f}" for m in band], end_section=True)
+    table.caption = (
+        f"draft step: {curve.draft_s * 1000:.2f} ms, c = {curve.draft_cost:.2f} of a target "
+        "pass. T(m)/T(1) is about m on a CPU, about 1 up to ~8 ids on Apple GPUs."
+    )
+    table.caption_justify = "left"
+    return table
+
+
+def theory_table(rep: Report) -> Table:
+    table = Table(
+        title="theory against measurement",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    for name in (
+        "config",
+        "T",
+        "a",
+        "tok/pass predicted",
+        "measured",
+        "speedup predicted",
+        "measured ",
+    ):
+        table.add_column(name, justify="left" if name == "config" else "right")
+    for t in rep.theory:
+        table.add_row(
+            t.config.name,
+            f"{t.config.temperature:g}",
+            _num(t.alpha),
+            _num(t.predicted_tokens_per_pass),
+            _num(t.measured_tokens_per_pass),
+            _num(t.predicted_speedup) + "x",
+            _num(t.measured_speedup) + "x",
+        )
+    lines = [HOW_COUNTED["predicted_speedup"] + "; a = " + HOW_COUNTED["judged_acceptance"]]
+    for b in rep.best:
+        best = "plain decoding" if b.predicted_k == 0 else f"k={b.predicted_k}"
+        seen = (
+            "-"
+            if b.measured_k is None
+            else ("plain decoding" if b.measured_k == 0 else f"k={b.measured_k}")
+        )
+        lines.append(
+            f"T={b.temperature:g}: with a={b.alpha:.2f} the best is {best} "
+            f"({b.predicted_speedup:.2f}x predicted); measured best: {seen} "
+            f"({_num(b.measured_speedup)}x)"
+        )
+    table.caption = "\n".join(lines)
+    table.caption_justify = "left"
+    return table
+
+
+def render(rep: Report, console: Console) -> None:
+    result = rep.result
+    s = result.settings
+    console.print(
+        f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}; "
+        f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
+        f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s",
+        highlight=False,
+    )
+    for temp in rep.temperatures:
+        console.print(config_table(rep.at(temp), temp))
+    console.print(
+        "tok/s: "
+        + HOW_COUNTED["decode_tokens_per_s"]
+        + ". speedup: "
+        + HOW_COUNTED["speedup"]
+        + ". mlx-lm's proposals: "
+        + HOW_COUNTED["mlx_lm_proposals"]
+        + ". At T>0 mlx-lm keeps a guess only when its own sample equals the draft's, so its "
+        "acceptance is lower than rejection sampling's.",
+        style="dim",
+        highlight=False,
+    )
+    console.print(lossless_table(rep, rep.lossless))
+    if result.curve is not None:
+        console.print(curve_table(rep))
+        console.print(theory_table(rep))
+
+
+def _progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+@app.command()
+def bench(
+    model: opt.Model = None,
+    draft_model: opt.DraftModel = None,
+    pair: opt.PairName = None,
+    max_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens", help="Most tokens per answer [default: 128, 32 with --quick]."
+        ),
+    ] = None,
+    temp: Annotated[
+        float, typer.Option("--temp", help="The sampling temperature (T=0 always runs too).")
+    ] = 0.7,
+    top_p: opt.TopP = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled runs.")] = 0,
+    repeats: Annotated[int, typer.Option("--repeats", help="Passes over the prompt set.")] = 1,
+    k: Annotated[
+        str | None,
+        typer.Option(
+            "--k", help="Fixed draft lengths to compare [default: 2,3,4; 3 with --quick]."
+        ),
+    ] = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts", help='Your prompts: one per line, or JSONL with a "prompt" field.'
+        ),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="About a minute: 4 prompts, 32 tokens, k=3.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
+    plot_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot", help="Also draw the speedups and cost curve (PNG; needs matplotlib)."
+        ),
+    ] = None,
+) -> None:
+    """Benchmark plain, mlx-lm and macspec decoding on one pair, interleaved prompt by prompt.
+
+    Reports decode tok/s, speedup over plain decoding, acceptance, tokens per target pass,
+    wasted guesses, time to first token, peak memory, whether greedy output is identical to
+    plain decoding, and this device's verify-cost curve with the speedup it predicts.
+    """
+    ks = parse_ks(k) if k is not None else ((3,) if quick else (2, 3, 4))
+    settings = BenchSettings(
+        max_tokens=max_tokens if max_tokens is not None else (32 if quick else 128),
+        temperature=temp,
+        top_p=top_p,
+        ks=ks,
+        repeats=repeats,
+        seed=seed,
+        curve_max_m=max(8 if quick else 16, max(ks) + 1),
+        curve_repeats=3 if quick else 7,
+    )
+    chosen = (
+        prompt_sets.load_prompts(prompts)
+        if prompts is not None
+        else (prompt_sets.builtin(quick=quick))
+    )
+    if quick:
+        chosen = chosen[:4]
+    if plot_file is not None and plot_file.suffix.lower() != ".png":
+        fail(f"--plot writes a PNG file; give a name ending in .png, got {plot_file}")
+    if plot_file is not None:
+        require_matplotlib()
+    resolved = resolve_models(pair, model, draft_model)
+    if resolved.draft is None:
+        fail("macspec bench needs a draft model: pass --draft-model (or --pair)")
+    err = Console(stderr=True)
+    loaded = load_models(resolved.target, resolved.draft)
+    for warning in loaded.warnings:
+        err.print(f"macspec: warning: {warning}", highlight=False)
+    ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
+
+    with _progress_bar(err) as bar:
+        task = bar.add_task("loading", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        result: BenchResult = run_bench(loaded, ids, settings, progress)
+    models = {
+        "target": resolved.target_name,
+        "draft": resolved.draft_name,
+        "target_path": str(resolved.target),
+        "draft_path": str(resolved.draft),
+        "pair": resolved.pair.name if resolved.pair is not None else None,
+    }
+    rep = report(result, chosen, models)
+    if plot_file is not None:
+        plot(rep, plot_file)
+    if as_json:
+        typer.echo(json.dumps(to_json(rep), indent=2))
+        return
+    render(rep, Console())
+    if plot_file is not None:
+        typer.echo(f"plot: {plot_file}")

@@ -1,0 +1,118 @@
+"""Prompt sets for `macspec bench`: the built-in one, and the user's own from a file.
+
+The built-in set lives in this module rather than a data file, so it ships without any
+package-data entry. It covers the kinds of text where drafts do well (code, summaries of a
+given text, which repeat their input) and badly (open writing, where anything goes).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from macspec.errors import MacspecError
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt of a benchmark."""
+
+    name: str
+    """Short label for tables and JSON."""
+    category: str
+    """'chat', 'code', 'summary', 'writing', or 'user' for the user's own."""
+    text: str
+    """The user turn (the chat template is applied when the tokenizer has one)."""
+
+
+_ARTICLE = (
+    "The city council voted on Tuesday to convert the old tram depot on Mill Street into a "
+    "public library and community workshop. The building, which has stood empty since the "
+    "tram line closed in 1994, will keep its brick facade and iron roof. Work is expected to "
+    "start next spring and take two years; the council has set aside 14 million for it, and "
+    "a local foundation has promised another 3 million for the workshop's tools. Some "
+    "residents asked for housing on the site instead, but the council said the soil needs "
+    "years of cleaning before anyone can live there."
+)
+
+BUILTIN: tuple[BenchPrompt, ...] = (
+    BenchPrompt("chat-tea", "chat", "How do I make a good cup of green tea?"),
+    BenchPrompt(
+        "chat-sleep", "chat", "I keep waking up at 4 am. What are some things I could try?"
+    ),
+    BenchPrompt(
+        "code-dedupe",
+        "code",
+        "Write a Python function `dedupe(items)`: Return the items in their original order "
+        "with duplicates removed.",
+    ),
+    BenchPrompt(
+        "code-parse",
+        "code",
+        "Write a Python function `parse_duration(text)`: Parse a duration such as '1h30m' or "
+        "'45s' and return the number of seconds as an int.",
+    ),
+    BenchPrompt(
+        "summary-depot",
+        "summary",
+        f"Summarise this news item in three sentences:\n\n{_ARTICLE}",
+    ),
+    BenchPrompt(
+        "summary-points",
+        "summary",
+        f"List the key facts of this text as short bullet points:\n\n{_ARTICLE}",
+    ),
+    BenchPrompt(
+        "writing-lighthouse",
+        "writing",
+        "Write a short story about a lighthouse keeper who finds a letter in a bottle.",
+    ),
+    BenchPrompt("writing-poem", "writing", "Write a poem about the first snow of winter."),
+)
+
+QUICK_NAMES = ("chat-tea", "code-dedupe", "summary-depot", "writing-lighthouse")
+"""One prompt of each kind, for `--quick`."""
+
+
+def builtin(quick: bool = False) -> list[BenchPrompt]:
+    if quick:
+        return [p for p in BUILTIN if p.name in QUICK_NAMES]
+    return list(BUILTIN)
+
+
+def load_prompts(path: Path) -> list[BenchPrompt]:
+    """The user's prompts: one per line, or JSONL with a "prompt" field (and "name" optional).
+
+    The file is JSONL when its first non-empty line starts with '{'. Empty lines are skipped.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MacspecError(f"--prompts {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MacspecError(f"--prompts {path}: cannot read it ({exc})") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise MacspecError(f"--prompts {path}: the file has no prompts")
+    if not lines[0][1].lstrip().startswith("{"):
+        return [BenchPrompt(f"prompt-{i}", "user", line) for i, (_, line) in enumerate(lines, 1)]
+    prompts = []
+    for i, (number, line) in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise MacspecError(f"--prompts {path}:{number}: not valid JSON ({exc.msg})") from None
+        prompt = record.get("prompt") if isinstance(record, dict) else None
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise MacspecError(f'--prompts {path}:{number}: needs a non-empty "prompt" string')
+        name = record.get("name")
+        category = record.get("category")
+        prompts.append(
+            BenchPrompt(
+                str(name) if name else f"prompt-{i}",
+                str(category) if category else "user",
+                prompt,
+            )
+        )
+    return prompts
