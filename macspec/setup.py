@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from macspec.catalog import ResolvedModels
-from macspec.drafters import ModelDrafter
+from macspec.drafters import Drafter, ModelDrafter
 from macspec.engine import Engine
 from macspec.errors import MacspecError
 from macspec.loader import LoadedModels, load_models
@@ -48,16 +48,21 @@ def build_engine(
     loaded = load_models(resolved.target, draft_path)
     if no_draft or (loaded.draft is None and draft != "lookup"):
         return Engine(loaded.target, loaded.tokenizer), loaded
-    if draft == "lookup":
-        drafter = LookupDrafter()
-        if spec.strip().lower() == "auto":
-            loaded.warnings.append(
-                "--num-draft-tokens auto cannot price lookup guesses (they cost no forward "
-                f"pass) and mostly decodes plainly; lookup's default is {LOOKUP_DRAFT_TOKENS}"
-            )
-    else:
-        drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
-        if draft == "hybrid":
-            drafter = HybridDrafter(drafter)
+    if draft == "lookup" and spec.strip().lower() == "auto":
+        loaded.warnings.append(
+            "--num-draft-tokens auto cannot price lookup guesses (they cost no forward "
+            f"pass) and mostly decodes plainly; lookup's default is {LOOKUP_DRAFT_TOKENS}"
+        )
+    drafter = make_drafter(draft, loaded)
     engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, vocab_size=loaded.vocab_size)
     return engine, loaded
+
+
+def make_drafter(draft: str, loaded: LoadedModels) -> Drafter:
+    """A fresh drafter of kind `draft` ('model', 'lookup', 'hybrid') over loaded models."""
+    if draft == "lookup":
+        return LookupDrafter()
+    if loaded.draft is None:
+        raise MacspecError(f"--draft {draft} needs a draft model (--draft-model, or a --pair)")
+    model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+    return HybridDrafter(model) if draft == "hybrid" else model

@@ -23,7 +23,7 @@ from macspec.errors import MacspecError
 from macspec.lookup import HybridDrafter, LookupDrafter, NgramIndex
 from macspec.policy import FixedPolicy
 from macspec.sampling import SamplingParams, probabilities, sample
-from macspec.setup import LOOKUP_DRAFT_TOKENS, build_engine
+from macspec.setup import LOOKUP_DRAFT_TOKENS, build_engine, make_drafter
 from macspec.verify import Verdict, verify_sampled
 
 GREEDY = SamplingParams()
@@ -410,8 +410,11 @@ def test_build_engine_hybrid(model_folders):
     assert isinstance(engine.drafter.model, ModelDrafter)
     with pytest.raises(MacspecError, match="needs a draft model"):
         build_engine(resolved(target, None), draft="hybrid")
-    engine, _ = build_engine(resolved(target, None), no_draft=True, draft="hybrid")
+    engine, loaded = build_engine(resolved(target, None), no_draft=True, draft="hybrid")
     assert engine.drafter is None
+    assert isinstance(make_drafter("lookup", loaded), LookupDrafter)  # what the bench builds
+    with pytest.raises(MacspecError, match="needs a draft model"):
+        make_drafter("hybrid", loaded)
 
 
 def test_run_draft_lookup(model_folders, capsys):
