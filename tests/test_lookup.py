@@ -287,7 +287,7 @@ class _TinyVocabTokenizer:
         self.detokenizer = _Detokenizer()
 
 
-VOCAB, LENGTH, SAMPLES = 4, 3, 1500
+VOCAB, LENGTH, SAMPLES = 4, 3, 1000
 SAMPLED = SamplingParams(temperature=1.0, top_k=3)  # top-k: some guesses have p = 0
 
 
