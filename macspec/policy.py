@@ -72,7 +72,7 @@ class AutoPolicy:
         max_k: int = 8,
         confidence_floor: float | None = 0.4,
         start_k: int = 4,
-        probe_every: int = 12,
+        probe_every: int = 16,
         memory: float = 0.95,
     ):
         self.max_k = max_k
@@ -89,6 +89,11 @@ class AutoPolicy:
         self._cycles = 0
         self._warmup = [start_k, 0]  # one pass of each shape before trusting the model
         self.last_choice = start_k
+        """The draft length of the latest cycle (shown live by the UI)."""
+        self._probe_interval = probe_every
+        self._next_probe = probe_every
+        self._settled: int | None = None
+        self._probe_up = True
 
     # -- estimates -------------------------------------------------------------------------
     def acceptance(self, position: int) -> float:
@@ -134,19 +139,27 @@ class AutoPolicy:
         if self._warmup:
             choice = self._warmup.pop(0)
         else:
-            choice = self.best_k()
-            if choice is None:
-                choice = self.last_choice
-            elif self._cycles % self.probe_every == 0:
-                # Explore a neighbour so the estimates never go stale where we are not.
-                if choice == 0:
-                    choice = 2
-                elif self._cycles % (2 * self.probe_every) == 0:
-                    choice = 0
+            best = self.best_k()
+            choice = self.last_choice if best is None else best
+            if self._cycles >= self._next_probe:
+                choice = self._neighbour(choice)
+                # A probe costs time where it is not the best choice: space probes out while
+                # they keep confirming the same choice, and tighten again when it moves.
+                if best == self._settled:
+                    self._probe_interval = min(2 * self._probe_interval, 8 * self.probe_every)
                 else:
-                    choice = min(self.max_k, choice + 1)
+                    self._probe_interval = self.probe_every
+                self._settled = best
+                self._next_probe = self._cycles + self._probe_interval
         self.last_choice = choice
         return choice
+
+    def _neighbour(self, k: int) -> int:
+        """A draft length next to k, alternating up and down, to keep estimates fresh."""
+        if k == 0:
+            return 2  # two guesses: acceptance at two depths from one probe
+        self._probe_up = not self._probe_up
+        return min(self.max_k, k + 1) if self._probe_up else k - 1
 
     def observe(self, cycle: Cycle) -> None:
         self._pass_time[min(cycle.proposed + 1, self.max_k + 1)].add(cycle.verify_s)
