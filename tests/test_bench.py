@@ -1,0 +1,447 @@
+"""`macspec bench`: the report's arithmetic, mlx-lm's replayed cycles, losslessness, the CLI."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from dataclasses import replace
+
+import mlx.core as mx
+import pytest
+from mlx_lm import stream_generate
+from mlx_lm.models import llama
+from tiny import model_args, noisy_copy, random_model, save_model, tokenizer
+
+import macspec.bench_run
+import macspec.cli.bench
+from macspec.bench import (
+    MACSPEC,
+    MLX_LM,
+    BenchConfig,
+    CostCurve,
+    RunRecord,
+    best_k,
+    compare,
+    first_difference,
+    lossless_checks,
+    predicted_best_k,
+    predicted_speedup,
+    predicted_tokens_per_pass,
+    replay_mlx_cycles,
+    spread,
+    summarize,
+    summarize_lossless,
+    theory_rows,
+)
+from macspec.bench_run import BenchSettings, plan_configs, schedule
+from macspec.cli import main
+from macspec.errors import MacspecError
+from macspec.prompts import builtin, load_prompts
+
+PLAIN0 = BenchConfig(MACSPEC, None, 0.0)
+MLX0 = BenchConfig(MLX_LM, None, 0.0)
+K2 = BenchConfig(MACSPEC, "2", 0.0)
+
+
+def record(
+    config,
+    prompt=0,
+    repeat=0,
+    tokens=(1, 2, 3, 4),
+    arrivals=None,
+    passes=4,
+    proposed=0,
+    accepted=0,
+    rejections=0,
+    first=1,
+    peak=0,
+) -> RunRecord:
+    arrivals = (
+        arrivals if arrivals is not None else tuple(0.1 * (i + 1) for i in range(len(tokens)))
+    )
+    return RunRecord(
+        config,
+        prompt,
+        repeat,
+        tuple(tokens),
+        "length",
+        tuple(arrivals),
+        arrivals[-1] if arrivals else 0.0,
+        first,
+        passes,
+        proposed,
+        accepted,
+        rejections,
+        peak,
+    )
+
+
+# -- arithmetic -----------------------------------------------------------------------------
+def test_decode_rate_starts_after_the_first_pass():
+    run = record(K2, tokens=(1, 2, 3, 4, 5), arrivals=(0.5, 0.5, 0.6, 0.7, 0.8), first=2)
+    assert run.ttft_s == 0.5
+    assert run.decode_tokens_per_s == pytest.approx(3 / 0.3)
+    assert record(K2, tokens=(1,), arrivals=(0.2,)).decode_tokens_per_s is None
+
+
+def test_spread_quartiles_and_median():
+    s = spread([4.0, None, 1.0, 3.0, 2.0, 5.0])
+    assert (s.median, s.q1, s.q3, s.low, s.high, s.count) == (3.0, 2.0, 4.0, 1.0, 5.0, 5)
+    assert spread([None]) is None
+    assert spread([2.0]).q1 == spread([2.0]).q3 == 2.0
+
+
+def test_summary_pools_counts_and_pairs_speedups():
+    # Baseline: 10 tok/s on prompt 0, 20 on prompt 1 (4 ids, 1 per pass, 0.1 s or 0.05 s apart).
+    base = [record(PLAIN0, 0), record(PLAIN0, 1, arrivals=(0.05, 0.1, 0.15, 0.2))]
+    # k=2: prompt 0 at 15 tok/s (1.5x), prompt 1 at 20 tok/s (1.0x).
+    spec = [
+        record(
+            K2,
+            0,
+            tokens=(1, 2, 3, 4, 5, 6, 7),
+            arrivals=(0.2, 0.4, 0.4, 0.4, 0.6, 0.6, 0.6),
+            passes=3,
+            proposed=6,
+            accepted=4,
+            rejections=1,
+            first=1,
+            peak=7,
+        ),
+        record(
+            K2,
+            1,
+            tokens=(1, 2, 3),
+            arrivals=(0.1, 0.15, 0.2),
+            passes=3,
+            proposed=6,
+            accepted=0,
+            rejections=3,
+            first=1,
+            peak=9,
+        ),
+    ]
+    summaries = {s.config: s for s in summarize(base + spec)}
+    s = summaries[K2]
+    assert s.runs == 2 and s.generated_tokens == 10 and s.passes == 6
+    assert s.acceptance_rate == pytest.approx(4 / 12)
+    assert s.judged_acceptance == pytest.approx(4 / (4 + 4))
+    assert s.tokens_per_pass == pytest.approx(10 / 6)
+    assert s.wasted == 8 and s.draft_length == 2.0 and s.peak_memory_bytes == 9
+    assert s.decode_tokens_per_s.median == pytest.approx(17.5)  # 15 and 20
+    assert s.speedup.median == pytest.approx(1.25)  # 1.5 and 1.0, paired per prompt
+    assert s.speedup_of_medians == pytest.approx(17.5 / 15)
+    assert s.ttft_s.median == pytest.approx(0.15)
+    b = summaries[PLAIN0]
+    assert b.speedup.median == 1.0 and b.acceptance_rate is None and b.wasted == 0
+
+
+def test_theory_formula():
+    assert predicted_tokens_per_pass(0.5, 2) == pytest.approx(1.75)
+    assert predicted_tokens_per_pass(1.0, 3) == 4.0
+    # GPU-like curve: flat; c = 0.1 -> 1.75 / (0.2 + 1)
+    assert predicted_speedup(0.5, 2, 0.1, [1, 1, 1]) == pytest.approx(1.75 / 1.2)
+    # CPU-like curve: T(m) = m T(1): speculation never pays.
+    assert predicted_best_k(0.9, 0.1, [1, 2, 3, 4, 5]) == (0, 1.0)
+    k, speedup = predicted_best_k(0.8, 0.05, [1.0] * 9)
+    assert k > 2 and speedup == pytest.approx(predicted_speedup(0.8, k, 0.05, [1.0] * 9))
+
+
+def test_theory_rows_and_best_k_use_judged_acceptance():
+    curve = CostCurve(target_s=(0.01, 0.01, 0.01, 0.01), draft_s=0.001)
+    assert curve.relative == (1.0, 1.0, 1.0, 1.0) and curve.draft_cost == pytest.approx(0.1)
+    runs = [
+        record(PLAIN0),
+        record(K2, tokens=(1,) * 6, passes=3, proposed=6, accepted=3, rejections=3, first=2),
+    ]
+    rows = theory_rows(summarize(runs), curve)
+    assert len(rows) == 1 and rows[0].alpha == 0.5
+    assert rows[0].predicted_speedup == pytest.approx(1.75 / 1.2)
+    assert rows[0].measured_tokens_per_pass == 2.0
+    (best,) = best_k(summarize(runs), curve)
+    assert best.alpha == 0.5 and best.predicted_k == 2  # k=3 would need T(4)
+
+
+# -- mlx-lm's cycles --------------------------------------------------------------------------
+def test_replay_counts_proposals_from_flags():
+    flags = [True, True, False, True, True, True, False, False]
+    c = replay_mlx_cycles(flags, k=3, max_tokens=100, delivered=8)
+    assert (c.passes, c.proposed, c.accepted, c.rejections, c.first_pass_tokens) == (3, 9, 5, 2, 3)
+    # Cut by max_tokens: the second cycle drafts only the 1 id still allowed, no target id.
+    c = replay_mlx_cycles([True, True, True, False, True], k=3, max_tokens=5, delivered=5)
+    assert (c.passes, c.proposed, c.accepted, c.rejections) == (2, 4, 4, 0)
+    # k = 0: plain decoding, a pass per id (the end-of-sequence id included).
+    c = replay_mlx_cycles([False] * 4, k=0, max_tokens=10, delivered=3)
+    assert (c.passes, c.proposed, c.first_pass_tokens) == (4, 0, 1)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = random_model(0, model_args(), scale=3.0)
+    return target, noisy_copy(target, 0.02, 1)
+
+
+def test_replay_matches_the_passes_mlx_lm_really_runs(pair, tmp_path, monkeypatch):
+    """Count the target's forward passes and their widths inside mlx-lm itself."""
+    target, draft = pair
+    tok = tokenizer(save_model(target, tmp_path / "t"))
+    widths: list[int] = []
+    original = llama.Model.__call__
+
+    def counting(self, inputs, *args, **kwargs):
+        if self is target:
+            widths.append(inputs.shape[1])
+        return original(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(llama.Model, "__call__", counting)
+    prompt = tok.encode("Hello there, how are you?")
+    for k, max_tokens in ((3, 40), (2, 7)):
+        widths.clear()
+        flags, delivered = [], 0
+        for r in stream_generate(
+            target, tok, prompt, max_tokens=max_tokens, draft_model=draft, num_draft_tokens=k
+        ):
+            flags.append(r.from_draft)
+            delivered += r.finish_reason != "stop"
+        decode = widths[1:]  # the first call prefills all but the last prompt id
+        c = replay_mlx_cycles(flags, k, max_tokens, delivered)
+        assert c.passes == len(decode)
+        assert c.proposed == sum(w - 1 for w in decode)
+        assert 0 < c.accepted <= c.proposed
+
+
+# -- losslessness -----------------------------------------------------------------------------
+def test_first_difference():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_a_perturbed_run_is_reported_not_lossless():
+    plain, mlx = record(PLAIN0, tokens=(5, 6, 7, 8)), record(MLX0, tokens=(5, 6, 7, 8))
+    spec = record(K2, tokens=(5, 6, 7, 9))
+    short = record(BenchConfig(MACSPEC, "auto", 0.0), tokens=(5, 6))
+    sampled = record(BenchConfig(MACSPEC, "2", 0.7), tokens=(1,))  # never checked at T > 0
+    checks = lossless_checks([plain, mlx, spec, short, sampled])
+    assert {(c.config.name, c.reference.name) for c in checks} == {
+        ("macspec plain", "mlx-lm plain"),
+        ("macspec k=2", "macspec plain"),
+        ("macspec k=2", "mlx-lm plain"),
+        ("macspec auto", "macspec plain"),
+        ("macspec auto", "mlx-lm plain"),
+    }
+    bad = compare(spec, plain)
+    assert not bad.identical and (bad.position, bad.got, bad.expected) == (3, 9, 8)
+    ended = compare(short, plain)
+    assert (ended.position, ended.got, ended.expected, ended.lengths) == (2, None, 7, (2, 4))
+    groups = {(g.config.name, g.reference.name): g for g in summarize_lossless(checks)}
+    assert groups[("macspec plain", "mlx-lm plain")].identical == 1
+    assert groups[("macspec k=2", "macspec plain")].differences[0].position == 3
+
+
+# -- planning ---------------------------------------------------------------------------------
+def test_plan_and_rotating_schedule():
+    settings = BenchSettings(ks=(2, 3), temperature=0.5)
+    configs = plan_configs(settings)
+    assert len(configs) == 2 * (2 + 2 + 2 + 1) and len(set(configs)) == len(configs)
+    order = schedule(configs, prompts=3, repeats=2)
+    assert len(order) == 2 * 3 * len(configs)
+    for repeat in range(2):
+        for prompt in range(3):
+            block = [c for r, p, c in order if (r, p) == (repeat, prompt)]
+            assert sorted(block, key=configs.index) == configs
+    firsts = [order[i * len(configs)][2] for i in range(6)]
+    assert len(set(firsts)) == 6  # a different configuration opens each prompt
+    with pytest.raises(MacspecError):
+        BenchSettings(temperature=0)
+
+
+def test_prompt_files(tmp_path):
+    assert {p.category for p in builtin()} == {"chat", "code", "summary", "writing"}
+    assert len(builtin(quick=True)) == 4
+    lines = tmp_path / "p.txt"
+    lines.write_text("first prompt\n\nsecond prompt\n")
+    assert [p.text for p in load_prompts(lines)] == ["first prompt", "second prompt"]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a", "name": "x"}\n{"prompt": "b"}\n')
+    assert [(p.name, p.text) for p in load_prompts(jsonl)] == [("x", "a"), ("prompt-2", "b")]
+    jsonl.write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(MacspecError, match=r"p.jsonl:2: not valid JSON"):
+        load_prompts(jsonl)
+    with pytest.raises(MacspecError, match="no such file"):
+        load_prompts(tmp_path / "missing.txt")
+
+
+# -- the command ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def folders(pair, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target, draft = pair
+    prompts = root / "prompts.txt"
+    prompts.write_text("Hello there\nWrite a poem about snow\n")
+    return save_model(target, root / "target"), save_model(draft, root / "draft"), prompts
+
+
+def bench_args(folders, *extra: str) -> list[str]:
+    target, draft, prompts = folders
+    return [
+        "bench",
+        "--model",
+        str(target),
+        "--draft-model",
+        str(draft),
+        "--quick",
+        "--max-tokens",
+        "6",
+        "--k",
+        "2",
+        "--prompts",
+        str(prompts),
+        *extra,
+    ]
+
+
+def test_json_has_every_configuration_and_figure(folders, capsys):
+    assert main(bench_args(folders, "--json", "--repeats", "2")) == 0
+    out = json.loads(capsys.readouterr().out)
+    labels = {c.label for c in plan_configs(BenchSettings(ks=(2,)))}
+    assert {c["config"]["label"] for c in out["configs"]} == labels
+    figures = {
+        "decode_tokens_per_s",
+        "speedup",
+        "speedup_of_medians",
+        "acceptance_rate",
+        "judged_acceptance",
+        "tokens_per_pass",
+        "wasted",
+        "ttft_s",
+        "peak_memory_bytes",
+        "passes",
+        "proposed",
+        "accepted",
+        "rejections",
+        "draft_length",
+        "runs",
+    }
+    for entry in out["configs"]:
+        assert figures <= set(entry)
+        assert entry["runs"] == 4 and entry["peak_memory_bytes"] > 0
+        assert entry["decode_tokens_per_s"]["median"] > 0
+        if entry["config"]["k"] == 2 and entry["config"]["temperature"] == 0:
+            assert entry["proposed"] > 0 and entry["acceptance_rate"] is not None
+    assert len(out["runs"]) == 4 * len(labels)
+    assert {r["config"] for r in out["runs"]} == labels
+    # Pooled figures agree with the per-run counts they come from.
+    for entry in out["configs"]:
+        runs = [r for r in out["runs"] if r["config"] == entry["config"]["label"]]
+        assert entry["proposed"] == sum(r["proposed"] for r in runs)
+        assert entry["wasted"] == sum(r["wasted"] for r in runs)
+        assert entry["tokens_per_pass"] == pytest.approx(
+            sum(r["generated_tokens"] for r in runs) / sum(r["passes"] for r in runs)
+        )
+    assert len(out["lossless"]) == 6 and all(g["lossless"] for g in out["lossless"])
+    assert len(out["checks"]) == 4 * 6  # 2 prompts x 2 repeats x 6 pairings
+    curve = out["cost_curve"]
+    assert len(curve["relative"]) == 8 and curve["relative"][0] == 1.0 and curve["draft_cost"] > 0
+    assert {t["config"] for t in out["theory"]} == {
+        "macspec k=2 T=0",
+        "mlx-lm k=2 T=0",
+        "macspec k=2 T=0.7",
+        "mlx-lm k=2 T=0.7",
+    }
+    assert len(out["best_k"]) == 2
+    assert out["settings"]["ks"] == [2] and out["settings"]["repeats"] == 2
+    assert [p["name"] for p in out["prompts"]] == ["prompt-1", "prompt-2"]
+    assert "mlx_lm_proposals" in out["how_counted"]
+
+
+def test_a_target_whose_output_differs_is_not_lossless(folders, capsys, monkeypatch):
+    original = macspec.bench_run.Runner._macspec
+
+    def perturbed(self, config, prompt_ids, max_tokens, seed):
+        run = original(self, config, prompt_ids, max_tokens, seed)
+        if config.draft == "2" and config.temperature == 0:
+            tokens = list(run.tokens)
+            tokens[4] = (tokens[4] + 1) % 256
+            run = replace(run, tokens=tuple(tokens))
+        return run
+
+    monkeypatch.setattr(macspec.bench_run.Runner, "_macspec", perturbed)
+    assert main(bench_args(folders, "--json")) == 0
+    out = json.loads(capsys.readouterr().out)
+    groups = {(g["config"], g["reference"]): g for g in out["lossless"]}
+    assert not groups[("macspec k=2 T=0", "macspec plain T=0")]["lossless"]
+    assert groups[("macspec auto T=0", "macspec plain T=0")]["lossless"]
+    bad = [c for c in out["checks"] if not c["identical"]]
+    assert len(bad) == 4 and {c["position"] for c in bad} == {4}
+    assert all(c["margin"] is not None and c["got"] != c["expected"] for c in bad)
+
+
+def test_table_output(folders, capsys):
+    assert main(bench_args(folders)) == 0
+    out = capsys.readouterr().out
+    for text in (
+        "decoding at T=0",
+        "decoding at T=0.7",
+        "mlx-lm k=2",
+        "macspec auto",
+        "lossless at T=0",
+        "verify cost",
+        "theory against measurement",
+    ):
+        assert text in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--k", "0"], "--k must list draft lengths"),
+        (["--k", "two"], "--k must be a comma-separated list"),
+        (["--temp", "0"], "--temp is the sampling temperature"),
+        (["--plot", "out.svg"], "--plot writes a PNG"),
+    ],
+)
+def test_user_errors_are_one_line(folders, capsys, extra, message):
+    assert main(bench_args(folders, *extra)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_no_draft_is_an_error(folders, capsys):
+    assert main(["bench", "--model", str(folders[0])]) == 2
+    assert "needs a draft model" in capsys.readouterr().err
+
+
+def test_plot_without_matplotlib_fails_before_running(folders, capsys, monkeypatch, tmp_path):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setattr(macspec.cli.bench, "run_bench", lambda *a, **k: pytest.fail("ran"))
+    assert main(bench_args(folders, "--plot", str(tmp_path / "b.png"))) == 2
+    assert "--plot needs matplotlib" in capsys.readouterr().err
+
+
+def test_plot_is_written(folders, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "bench.png"
+    assert main(bench_args(folders, "--plot", str(path))) == 0
+    assert path.stat().st_size > 1000
+
+
+def test_peak_memory_is_reset_per_run(pair, tmp_path):
+    target, draft = pair
+    from macspec.loader import load_models
+
+    folder_t, folder_d = save_model(target, tmp_path / "t"), save_model(draft, tmp_path / "d")
+    loaded = load_models(folder_t, folder_d)
+    runner = macspec.bench_run.Runner(loaded, BenchSettings(max_tokens=4))
+    big = mx.zeros((4096, 4096))
+    mx.eval(big)  # a 64 MB peak before the run must not be charged to it
+    del big
+    run = runner.run(PLAIN0, [1, 2, 3], 0, 0)
+    assert 0 < run.peak_memory_bytes < 32e6
