@@ -13,13 +13,17 @@ as it got and marked incomplete.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
+from macspec.catalog import Pair, ResolvedModels, load_catalog, pair_status
 from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.events import Done, Event, Token
+from macspec.setup import build_engine
 from macspec.store import ModelInfo, Store, title_for
 from macspec.templates import encode_messages
 
@@ -231,3 +235,57 @@ class ChatSession:
                 self.store.update_answer(
                     answer_id, answer["content"], False, len(pieces), finish_reason=finish
                 )
+
+
+# -- loading a pair for a chat ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChatModels:
+    """A loaded target (and draft), ready for a ChatSession."""
+
+    engine: Engine
+    """The engine, with its drafter and policy."""
+    tokenizer: object
+    """The target's tokenizer (mlx-lm's TokenizerWrapper)."""
+    models: ModelInfo
+    """What was loaded, as the user named it (stored with each answer)."""
+    context_length: int | None
+    """The pair's context window; from the target's config.json without a pair."""
+    warnings: tuple[str, ...] = ()
+    """Things the user should know about the pair (shown as notices)."""
+
+
+def config_context_length(folder: Path) -> int | None:
+    """`max_position_embeddings` from a model folder's config.json, if it says."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def open_models(
+    resolved: ResolvedModels,
+    num_draft_tokens: str | None = None,
+    no_draft: bool = False,
+    draft: str = "model",
+) -> ChatModels:
+    """Load resolved models into an engine (slow: run it off the UI thread)."""
+    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
+    models = ModelInfo(
+        target=resolved.target_name,
+        draft=resolved.draft_name if engine.drafter is not None else None,
+        pair=resolved.pair.name if resolved.pair is not None else None,
+    )
+    if resolved.pair is not None:
+        context = resolved.pair.context_length
+    else:
+        context = config_context_length(resolved.target)
+    return ChatModels(engine, loaded.tokenizer, models, context, tuple(loaded.warnings))
+
+
+def downloaded_pairs() -> list[Pair]:
+    """Catalog pairs whose target and draft are both on this machine."""
+    return [pair for pair in load_catalog().pairs.values() if pair_status(pair).downloaded]

@@ -1,0 +1,1 @@
+"""The chat screen's widgets: transcript and messages, the prompt, the stats bar, pickers."""

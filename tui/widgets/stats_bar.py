@@ -1,0 +1,78 @@
+"""The stats bar: the pair, what is happening, the colour legend, live figures, a sparkline."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Sparkline, Static
+
+from tui.live import Figures, figures_line
+
+
+class StatsBar(Vertical):
+    """Two lines: `pair · state · legend`, then `figures ▁▃▅ acceptance per cycle`."""
+
+    COMPONENT_CLASSES = {"stats-bar--draft", "stats-bar--target", "stats-bar--state"}
+
+    def __init__(self, pair: str, mask_timings: bool = False, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.pair = pair
+        self.state = "ready"
+        self.colours = True
+        self.figures = Figures()
+        self.mask_timings = mask_timings
+
+    def compose(self):
+        yield Static(id="status")
+        with Horizontal(id="figures-row"):
+            yield Static(id="figures")
+            yield Static("acceptance/cycle ", id="sparkline-label")
+            yield Sparkline([], id="acceptance")
+
+    def on_mount(self) -> None:
+        self._render_status()
+        self._render_figures()
+
+    def set_pair(self, pair: str) -> None:
+        self.pair = pair
+        self._render_status()
+
+    def set_state(self, state: str) -> None:
+        self.state = state
+        self._render_status()
+
+    def set_colours(self, on: bool) -> None:
+        self.colours = on
+        self._render_status()
+
+    def show(self, figures: Figures) -> None:
+        """New live figures of the answer streaming (or of the last one)."""
+        self.figures = figures
+        self._render_figures()
+
+    def reset(self) -> None:
+        self.show(Figures())
+
+    def _render_status(self) -> None:
+        style = self.get_component_rich_style
+        line = Text.assemble(
+            (self.pair, "bold"), "  ·  ", (self.state, style("stats-bar--state")), "  ·  "
+        )
+        if self.colours:
+            line.append_text(
+                Text.assemble(
+                    ("■ accepted draft guess", style("stats-bar--draft")),
+                    "  ",
+                    ("■ target's own token", style("stats-bar--target")),
+                )
+            )
+        else:
+            line.append("source colours off (ctrl+t)")
+        self.query_one("#status", Static).update(line)
+
+    def _render_figures(self) -> None:
+        figures = self.figures
+        line = figures_line(figures, self.mask_timings)
+        self.query_one("#figures", Static).update(Text(line))
+        history = list(figures.acceptance_history) or [0.0]
+        self.query_one("#acceptance", Sparkline).data = history
