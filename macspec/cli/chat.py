@@ -1,0 +1,195 @@
+"""`macspec chat` (the Textual chat UI) and `macspec history` (stored conversations)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from macspec.catalog import resolve_models
+from macspec.cli import options as opt
+from macspec.cli.app import app, fail
+from macspec.engine import GenerationConfig
+from macspec.sampling import SamplingParams
+from macspec.session import open_models
+from macspec.store import Conversation, ConversationSummary, Store
+
+
+@app.command()
+def chat(
+    model: opt.Model = None,
+    draft_model: opt.DraftModel = None,
+    pair: opt.PairName = None,
+    temp: opt.Temp = 0.0,
+    top_p: opt.TopP = 1.0,
+    top_k: opt.TopK = 0,
+    min_p: opt.MinP = 0.0,
+    max_tokens: opt.MaxTokens = 1024,
+    seed: opt.Seed = None,
+    num_draft_tokens: opt.NumDraftTokens = None,
+    no_draft: opt.NoDraft = False,
+    draft: opt.DraftSource = "model",
+    stop: opt.Stop = None,
+    resume: Annotated[
+        int | None,
+        typer.Option("--resume", "-r", help="Continue the stored conversation with this id."),
+    ] = None,
+    continue_last: Annotated[
+        bool, typer.Option("--continue", "-c", help="Continue the latest conversation.")
+    ] = False,
+) -> None:
+    """Chat in the terminal; accepted draft guesses are shown in their own colour.
+
+    With no model named, the default pair (the shipped demo pair until you choose another
+    in config.toml). Conversations are saved in the macspec home (see `macspec history`).
+    Keys: Enter sends, ctrl+j new line, Esc stops the answer, ctrl+p pairs, ctrl+n new
+    chat, ctrl+r past chats, ctrl+t source colours, ctrl+q quits.
+    """
+    if resume is not None and continue_last:
+        fail("--resume and --continue both given; pass one of them")
+    config = GenerationConfig(
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
+        stop_strings=tuple(stop or ()),
+        seed=seed,
+    )
+    store = Store()
+    notes: list[str] = []
+    conversation_id = resume
+    if resume is not None:
+        store.get(resume)  # an unknown id fails now, before any model is loaded
+    elif continue_last:
+        conversation_id = store.latest_conversation_id()
+        if conversation_id is None:
+            notes.append("there is no stored conversation to continue; this is a new one")
+    resolved = resolve_models(pair, model, draft_model)
+    print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
+    loaded = open_models(resolved, num_draft_tokens, no_draft, draft)
+
+    from tui.app import default_pair_loader, make_app  # textual only when the UI runs
+
+    chat_app = make_app(
+        loaded.engine,
+        loaded.tokenizer,
+        store=store,
+        models=loaded.models,
+        config=config,
+        context_length=loaded.context_length,
+        conversation_id=conversation_id,
+        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft),
+        warnings=[*loaded.warnings, *notes],
+    )
+    chat_app.run()
+    if chat_app.session.conversation_id is not None:
+        print(
+            f"macspec: conversation {chat_app.session.conversation_id} saved "
+            f"(macspec chat --resume {chat_app.session.conversation_id})",
+            file=sys.stderr,
+        )
+
+
+# ---- macspec history ----------------------------------------------------------------------
+
+history_app = typer.Typer(
+    help="List stored conversations; `history show ID` prints one.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(history_app, name="history")
+
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _when(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(timestamp))
+
+
+def _summary_json(summary: ConversationSummary) -> dict[str, Any]:
+    return {
+        "id": summary.id,
+        "title": summary.title,
+        "created_at": summary.created_at,
+        "updated_at": summary.updated_at,
+        "message_count": summary.message_count,
+        "pair": summary.models.pair,
+        "target": summary.models.target,
+        "draft": summary.models.draft,
+    }
+
+
+def _conversation_json(conversation: Conversation) -> dict[str, Any]:
+    record = _summary_json(conversation.summary)
+    record["messages"] = [
+        {
+            "id": m.id,
+            "role": m.role,
+            "content": m.content,
+            "complete": m.complete,
+            "token_count": m.token_count,
+            "finish_reason": m.finish_reason,
+            "stats": m.stats,
+            "pair": m.models.pair,
+            "target": m.models.target,
+            "draft": m.models.draft,
+            "created_at": m.created_at,
+        }
+        for m in conversation.messages
+    ]
+    return record
+
+
+@history_app.callback()
+def history(ctx: typer.Context, as_json: AsJson = False) -> None:
+    """List stored conversations, latest first (ids for `macspec chat --resume ID`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    conversations = Store().list_conversations()
+    if as_json:
+        typer.echo(json.dumps([_summary_json(c) for c in conversations], indent=2))
+        return
+    if not conversations:
+        typer.echo("no stored conversations yet (start one with `macspec chat`)")
+        return
+    table = Table(title="macspec conversations", title_justify="left")
+    table.add_column("id", justify="right", no_wrap=True)
+    table.add_column("updated", no_wrap=True)
+    table.add_column("messages", justify="right", no_wrap=True)
+    table.add_column("models", no_wrap=True, overflow="ellipsis", max_width=32)
+    table.add_column("title", no_wrap=True, overflow="ellipsis", min_width=12)
+    for c in conversations:
+        table.add_row(str(c.id), _when(c.updated_at), str(c.message_count), c.models.label, c.title)
+    Console().print(table)
+
+
+@history_app.command("show")
+def show(
+    conversation_id: Annotated[int, typer.Argument(help="A conversation id from `history`.")],
+    as_json: AsJson = False,
+) -> None:
+    """Print one stored conversation."""
+    conversation = Store().get(conversation_id)
+    if as_json:
+        typer.echo(json.dumps(_conversation_json(conversation), indent=2))
+        return
+    summary = conversation.summary
+    console = Console(highlight=False)
+    console.print(
+        f"[bold]#{summary.id} {summary.title}[/bold]  "
+        f"({summary.models.label}, {_when(summary.created_at)})",
+        markup=True,
+    )
+    for message in conversation.messages:
+        console.print()
+        label = "you" if message.role == "user" else message.role
+        if message.role == "assistant":
+            state = [f"{message.token_count or 0} tokens", message.finish_reason or "?"]
+            if not message.complete:
+                state.append("incomplete")
+            label += f" ({', '.join(state)})"
+        console.print(f"[bold]{label}:[/bold]", markup=True)
+        console.print(message.content, markup=False)
