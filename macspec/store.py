@@ -78,8 +78,13 @@ class ModelInfo:
         """A short name for the UI: the pair, else the target's last path part."""
         if self.pair:
             return self.pair
-        name = (self.target or "?").rstrip("/").rsplit("/", 1)[-1]
-        return name + (" + draft" if self.draft else "")
+        target, draft = (_short(m) for m in (self.target, self.draft))
+        return f"{target} + {draft}" if self.draft else target
+
+
+def _short(model: str | None) -> str:
+    """The last part of a repo id or folder: 'Qwen2.5-7B-Instruct-4bit'."""
+    return (model or "?").rstrip("/").rsplit("/", 1)[-1]
 
 
 @dataclass(frozen=True)

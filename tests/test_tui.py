@@ -11,6 +11,7 @@ from chatkit import tiny_engine, tiny_pair, tiny_tokenizer
 
 from macspec.catalog import Pair
 from macspec.engine import GenerationConfig
+from macspec.errors import MacspecError
 from macspec.session import ChatModels
 from macspec.store import ModelInfo, Store
 from tui.app import ChatApp, make_app
@@ -157,6 +158,41 @@ async def test_switch_pair(tok, store):
         stored = store.get(app.session.conversation_id).messages
         assert [m.models.pair for m in stored if m.role == "assistant"] == ["tiny", "other"]
         assert app.session.context_length == 4096
+
+
+@pytest.mark.asyncio
+async def test_a_pair_that_fails_to_load_keeps_the_current_one(tok, store):
+    def broken(pair: Pair) -> ChatModels:
+        raise MacspecError(f"pair '{pair.name}' is not downloaded")
+
+    app, _, _ = build(tok, store)
+    app.load_pair = broken
+    notes: list[str] = []
+    app.notify = lambda message, **kwargs: notes.append(message)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: len(app.screen_stack) == 2)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.loading is None and len(app.screen_stack) == 1)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert app.session.models == MODELS and app.stats_bar.pair == "tiny"
+        assert notes == ["Could not load other: pair 'other' is not downloaded"]
+        await ask(pilot, "still works")
+
+
+@pytest.mark.asyncio
+async def test_quit_mid_answer_saves_it(tok, store):
+    app, target, _ = build(tok, store, max_tokens=2000, eos_bias=-1e4)
+    target.slow_after, target.slow_s = 12, 0.02
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"never ending", "enter")
+        await until(pilot, lambda: target.slowed.is_set())
+        await pilot.press("ctrl+q")
+        await until(pilot, lambda: not app.is_running, timeout=15)
+    reply = store.get(store.latest_conversation_id()).messages[-1]
+    assert (reply.complete, reply.finish_reason) == (False, "cancelled")
+    assert reply.content and reply.token_count < 2000
 
 
 @pytest.mark.asyncio

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from macspec.catalog import resolve_models
 from macspec.cli import options as opt
@@ -156,13 +157,22 @@ def history(ctx: typer.Context, as_json: AsJson = False) -> None:
         typer.echo("no stored conversations yet (start one with `macspec chat`)")
         return
     table = Table(title="macspec conversations", title_justify="left")
-    table.add_column("id", justify="right", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
-    table.add_column("messages", justify="right", no_wrap=True)
-    table.add_column("models", no_wrap=True, overflow="ellipsis", max_width=32)
-    table.add_column("title", no_wrap=True, overflow="ellipsis", min_width=12)
+    # Only models and title give way on a narrow terminal; ids and dates stay whole.
+    table.add_column("id", justify="right", no_wrap=True, min_width=2)
+    table.add_column("updated", no_wrap=True, min_width=16)
+    table.add_column("msgs", justify="right", no_wrap=True, min_width=4)
+    table.add_column("models", max_width=32)
+    table.add_column("title", min_width=10)
     for c in conversations:
-        table.add_row(str(c.id), _when(c.updated_at), str(c.message_count), c.models.label, c.title)
+        # Cells that do not wrap in columns that may shrink: one line each, cut with "…".
+        cut = {"no_wrap": True, "overflow": "ellipsis"}
+        table.add_row(
+            str(c.id),
+            _when(c.updated_at),
+            str(c.message_count),
+            Text(c.models.label, **cut),
+            Text(c.title, **cut),
+        )
     Console().print(table)
 
 

@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+from rich.style import Style
 from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
 from tui.live import Figures, figures_line
+
+BARS = "▁▂▃▄▅▆▇█"
+
+
+class AcceptanceSparkline(Sparkline):
+    """Textual's Sparkline on a fixed 0..1 scale: the share of guesses kept per cycle.
+
+    The stock renderer scales bars to the data's own min..max, so an answer accepted at
+    100% throughout would draw flat at the bottom; acceptance needs an absolute scale.
+    Cycles are averaged into one bar per cell when there are more than fit.
+    """
+
+    def render(self) -> Text:
+        data = list(self.data or [])
+        width = max(1, self.size.width)
+        if not data:
+            return Text("")
+        if len(data) > width:
+            edges = [len(data) * i // width for i in range(width + 1)]
+            data = [sum(data[a:b]) / (b - a) for a, b in zip(edges, edges[1:])]
+        low = self.get_component_styles("sparkline--min-color").color
+        high = self.get_component_styles("sparkline--max-color").color
+        bars = Text()
+        for share in data:
+            share = min(1.0, max(0.0, share))
+            colour = low.blend(high, share).rich_color
+            bars.append(BARS[min(len(BARS) - 1, int(share * len(BARS)))], Style(color=colour))
+        return bars
 
 
 class StatsBar(Vertical):
@@ -27,7 +56,7 @@ class StatsBar(Vertical):
         with Horizontal(id="figures-row"):
             yield Static(id="figures")
             yield Static("acceptance/cycle ", id="sparkline-label")
-            yield Sparkline([], id="acceptance")
+            yield AcceptanceSparkline([], id="acceptance")
 
     def on_mount(self) -> None:
         self._render_status()
@@ -74,5 +103,4 @@ class StatsBar(Vertical):
         figures = self.figures
         line = figures_line(figures, self.mask_timings)
         self.query_one("#figures", Static).update(Text(line))
-        history = list(figures.acceptance_history) or [0.0]
-        self.query_one("#acceptance", Sparkline).data = history
+        self.query_one("#acceptance", Sparkline).data = list(figures.acceptance_history)
