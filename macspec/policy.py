@@ -164,9 +164,10 @@ class AutoPolicy:
     def observe(self, cycle: Cycle) -> None:
         self._pass_time[min(cycle.proposed + 1, self.max_k + 1)].add(cycle.verify_s)
         self._overhead.add(cycle.overhead_s)
-        if cycle.draft_steps and cycle.draft_fed <= cycle.draft_steps + 1:
+        if cycle.requested and cycle.draft_fed <= cycle.draft_steps + 1:
+            # Cost per guess: a model's forward step, or next to nothing for a lookup.
             # Catch-up passes after plain steps are not what a guess costs: skip those.
-            self._draft_step.add(cycle.draft_s / cycle.draft_steps)
+            self._draft_step.add(cycle.draft_s / max(cycle.draft_steps, cycle.proposed, 1))
         for i in range(1, cycle.proposed + 1):
             self._reached[i] = self._reached[i] * self.memory + 1
             self._kept[i] = self._kept[i] * self.memory + (1 if i <= cycle.accepted else 0)
