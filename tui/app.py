@@ -2,7 +2,7 @@
 
 Generation runs in a thread worker that iterates the session's events and posts Messages
 (thread-safe) to the app; the UI thread only renders them, so it never blocks while tokens
-stream. Token pieces are batched to a few posts per frame, and the figures sent along are
+stream. Token pieces are batched (at most ~30 posts a second), and the figures sent along are
 cumulative counts, so batching changes nothing that is shown. Loading another pair runs in
 a thread worker too.
 """
@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from textual import on, work
 from textual.app import App
 from textual.binding import Binding
-from textual.message import Message
 from textual.widgets import Footer
 from textual.worker import Worker, get_current_worker
 
@@ -25,10 +24,11 @@ from macspec.catalog import Pair, resolve_models
 from macspec.cli.run import stats_line
 from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
-from macspec.events import Done, Source, Token
+from macspec.events import Done, Token
 from macspec.session import ChatModels, ChatSession, ContextTrimmed, downloaded_pairs, open_models
 from macspec.store import ModelInfo, Store, StoredMessage
-from tui.live import Figures, LiveFigures, without_timings
+from tui.live import LiveFigures, without_timings
+from tui.messages import Chunk, Finished, Noticed, PairFailed, PairLoaded, Rejected
 from tui.widgets.pickers import HistoryPicker, PairPicker
 from tui.widgets.prompt import PromptInput
 from tui.widgets.stats_bar import StatsBar
@@ -36,51 +36,6 @@ from tui.widgets.transcript import AnswerMessage, Transcript
 
 POST_EVERY_S = 1 / 30
 """Most often the worker posts token pieces to the UI (more would only queue up)."""
-
-
-# -- messages from the workers -------------------------------------------------------------
-class Chunk(Message):
-    """New text pieces of the answer streaming, with the figures so far."""
-
-    def __init__(self, pieces: list[tuple[str, Source]], figures: Figures) -> None:
-        super().__init__()
-        self.pieces, self.figures = pieces, figures
-
-
-class Finished(Message):
-    """The answer ended (done is None when it crashed; error says why). It is saved."""
-
-    def __init__(self, done: Done | None, figures: Figures, error: str | None) -> None:
-        super().__init__()
-        self.done, self.figures, self.error = done, figures, error
-
-
-class Rejected(Message):
-    """The message was refused before anything was saved (too long for the context)."""
-
-    def __init__(self, text: str, reason: str) -> None:
-        super().__init__()
-        self.text, self.reason = text, reason
-
-
-class Noticed(Message):
-    """Something the user should read in the transcript (context trimmed)."""
-
-    def __init__(self, text: str, kind: str) -> None:
-        super().__init__()
-        self.text, self.kind = text, kind
-
-
-class PairLoaded(Message):
-    def __init__(self, models: ChatModels) -> None:
-        super().__init__()
-        self.models = models
-
-
-class PairFailed(Message):
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__()
-        self.name, self.reason = name, reason
 
 
 def stored_summary(message: StoredMessage) -> str:
@@ -289,6 +244,9 @@ class ChatApp(App):
             except (asyncio.TimeoutError, Exception):
                 pass
         self.exit()
+
+    def on_unmount(self) -> None:
+        self._cancel.set()  # however the app ends, a running answer stops (and is saved)
 
     # -- pairs, chats, colours -------------------------------------------------------------
     def _busy(self, doing: str) -> bool:

@@ -1,0 +1,57 @@
+"""Messages the app's thread workers post to the UI thread (post_message is thread-safe)."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from macspec.events import Done, Source
+from macspec.session import ChatModels
+from tui.live import Figures
+
+
+class Chunk(Message):
+    """New text pieces of the answer streaming, with the figures so far."""
+
+    def __init__(self, pieces: list[tuple[str, Source]], figures: Figures) -> None:
+        super().__init__()
+        self.pieces, self.figures = pieces, figures
+
+
+class Finished(Message):
+    """The answer ended (done is None when it crashed; error says why). It is saved."""
+
+    def __init__(self, done: Done | None, figures: Figures, error: str | None) -> None:
+        super().__init__()
+        self.done, self.figures, self.error = done, figures, error
+
+
+class Rejected(Message):
+    """The message was refused before anything was saved (too long for the context)."""
+
+    def __init__(self, text: str, reason: str) -> None:
+        super().__init__()
+        self.text, self.reason = text, reason
+
+
+class Noticed(Message):
+    """Something the user should read in the transcript (context trimmed)."""
+
+    def __init__(self, text: str, kind: str) -> None:
+        super().__init__()
+        self.text, self.kind = text, kind
+
+
+class PairLoaded(Message):
+    """Another pair is loaded and ready."""
+
+    def __init__(self, models: ChatModels) -> None:
+        super().__init__()
+        self.models = models
+
+
+class PairFailed(Message):
+    """Loading another pair failed (the current one stays)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__()
+        self.name, self.reason = name, reason
