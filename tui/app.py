@@ -52,7 +52,7 @@ def stored_summary(message: StoredMessage) -> str:
     return " · ".join(parts)
 
 
-class ChatApp(App):
+class ChatApp(App, inherit_bindings=False):
     """Chat with a target/draft pair; accepted draft guesses are shown in their own colour."""
 
     CSS_PATH = "app.tcss"
@@ -64,7 +64,8 @@ class ChatApp(App):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+r", "history", "History"),
         Binding("ctrl+t", "toggle_colours", "Colours"),
-        Binding("ctrl+q", "quit", "Quit"),
+        Binding("ctrl+q", "quit", "Quit"),  # not inherited, so it comes last in the footer
+        Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
 
     def __init__(
