@@ -22,7 +22,9 @@ class BenchConfig:
     tool: str
     """'macspec' (our engine) or 'mlx-lm' (its stream_generate)."""
     draft: str | None
-    """None: plain decoding of the target; a number 'k': k guesses per cycle; 'auto'."""
+    """None: plain decoding of the target; a number 'k': k guesses per cycle; 'auto' (a
+    fresh adaptive policy per run, as `macspec run` has); 'auto-warm' (one adaptive policy
+    kept across the runs, as a chat session keeps its engine's)."""
     temperature: float
     """Sampling temperature; 0 is greedy."""
 
@@ -36,7 +38,7 @@ class BenchConfig:
         """'macspec plain', 'mlx-lm k=3', 'macspec auto': the row label, temperature aside."""
         if self.draft is None:
             return f"{self.tool} plain"
-        return f"{self.tool} {'auto' if self.draft == 'auto' else f'k={self.draft}'}"
+        return f"{self.tool} {self.draft if self.k is None else f'k={self.k}'}"
 
     @property
     def label(self) -> str:

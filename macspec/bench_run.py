@@ -33,7 +33,7 @@ from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.events import Cycle, Done, Token
 from macspec.loader import LoadedModels
-from macspec.policy import make_policy
+from macspec.policy import DraftPolicy, make_policy
 from macspec.sampling import SamplingParams
 
 
@@ -50,7 +50,9 @@ class BenchSettings:
     ks: tuple[int, ...] = (2, 3, 4)
     """Fixed draft lengths to run, for macspec and mlx-lm alike."""
     auto: bool = True
-    """Also run macspec with the adaptive draft length."""
+    """Also run macspec with the adaptive draft length, a fresh policy per run."""
+    auto_warm: bool = True
+    """And with one adaptive policy kept across runs (what a chat session's engine learns)."""
     repeats: int = 1
     """Passes over the whole prompt set."""
     seed: int = 0
@@ -87,6 +89,8 @@ def plan_configs(settings: BenchSettings) -> list[BenchConfig]:
         configs += [BenchConfig(MACSPEC, str(k), temp) for k in settings.ks]
         if settings.auto:
             configs.append(BenchConfig(MACSPEC, "auto", temp))
+        if settings.auto_warm:
+            configs.append(BenchConfig(MACSPEC, "auto-warm", temp))
     return configs
 
 
@@ -115,6 +119,8 @@ class Runner:
             raise MacspecError("macspec bench needs a draft model (--pair, or --draft-model)")
         self.loaded = loaded
         self.settings = settings
+        self._warm_policies: dict[BenchConfig, DraftPolicy] = {}
+        """'auto-warm' policies, one per configuration, kept from run to run."""
 
     def run(
         self,
@@ -148,7 +154,10 @@ class Runner:
         drafter, policy = None, None
         if config.draft is not None:
             drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
-            policy = make_policy(config.draft)
+            if config.draft == "auto-warm":
+                policy = self._warm_policies.setdefault(config, make_policy("auto"))
+            else:
+                policy = make_policy(config.draft)
         engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
         for event in engine.generate(prompt_ids, generation):
             if isinstance(event, Token):

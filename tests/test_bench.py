@@ -243,7 +243,8 @@ def test_a_perturbed_run_is_reported_not_lossless():
 def test_plan_and_rotating_schedule():
     settings = BenchSettings(ks=(2, 3), temperature=0.5)
     configs = plan_configs(settings)
-    assert len(configs) == 2 * (2 + 2 + 2 + 1) and len(set(configs)) == len(configs)
+    assert len(configs) == 2 * (2 + 2 + 2 + 2) and len(set(configs)) == len(configs)
+    assert {c.name for c in configs if c.k is None} >= {"macspec auto", "macspec auto-warm"}
     order = schedule(configs, prompts=3, repeats=2)
     assert len(order) == 2 * 3 * len(configs)
     for repeat in range(2):
@@ -304,7 +305,7 @@ def bench_args(folders, *extra: str) -> list[str]:
 def test_json_has_every_configuration_and_figure(folders, capsys):
     assert main(bench_args(folders, "--json", "--repeats", "2")) == 0
     out = json.loads(capsys.readouterr().out)
-    labels = {c.label for c in plan_configs(BenchSettings(ks=(2,)))}
+    labels = {c.label for c in plan_configs(BenchSettings(ks=(2,), auto_warm=False))}
     assert {c["config"]["label"] for c in out["configs"]} == labels
     figures = {
         "decode_tokens_per_s",
@@ -445,3 +446,24 @@ def test_peak_memory_is_reset_per_run(pair, tmp_path):
     del big
     run = runner.run(PLAIN0, [1, 2, 3], 0, 0)
     assert 0 < run.peak_memory_bytes < 32e6
+
+
+def test_auto_warm_keeps_its_policy_across_runs(pair, tmp_path, monkeypatch):
+    from macspec.loader import load_models
+
+    target, draft = pair
+    loaded = load_models(save_model(target, tmp_path / "t"), save_model(draft, tmp_path / "d"))
+    runner = macspec.bench_run.Runner(loaded, BenchSettings(max_tokens=6))
+    policies = []
+    original = macspec.bench_run.Engine
+
+    def spy(*args):
+        policies.append(args[3])
+        return original(*args)
+
+    monkeypatch.setattr(macspec.bench_run, "Engine", spy)
+    for config in (BenchConfig(MACSPEC, "auto-warm", 0.0), BenchConfig(MACSPEC, "auto", 0.0)):
+        runner.run(config, [1, 2, 3], 0, 0)
+        runner.run(config, [4, 5, 6], 1, 0)
+    assert policies[0] is policies[1] and policies[2] is not policies[3]
+    assert BenchConfig(MACSPEC, "auto-warm", 0.0).name == "macspec auto-warm"

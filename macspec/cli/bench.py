@@ -282,6 +282,7 @@ def bench(
         ks=ks,
         repeats=repeats,
         seed=seed,
+        auto_warm=not quick,
         curve_max_m=max(8 if quick else 16, max(ks) + 1),
         curve_repeats=3 if quick else 7,
     )
