@@ -34,8 +34,9 @@ def propose(drafter, context, k=8) -> list[int]:
     return drafter.propose(context, k, GREEDY, None, None).tokens
 
 
-def brute_force(context: list[int], sizes, limit: int) -> list[int]:
-    """The definition: longest n-gram first, its latest earlier occurrence, up to the end."""
+def brute_force(context: list[int], sizes, limit: int, per_ngram: int = 2) -> list[int]:
+    """The definition: longest n-gram first, its latest earlier occurrence, up to the end;
+    a match shorter than the longest size proposes at most per_ngram ids per matched id."""
     end = len(context)
     for n in sorted(sizes, reverse=True):
         if n > end:
@@ -43,7 +44,8 @@ def brute_force(context: list[int], sizes, limit: int) -> list[int]:
         gram = context[end - n :]
         for start in range(end - 1, n - 1, -1):  # latest first; start < end: no self-match
             if context[start - n : start] == gram:
-                return context[start : min(start + limit, end)]
+                cap = limit if n == max(sizes) else min(limit, per_ngram * n)
+                return context[start : min(start + cap, end)]
     return []
 
 
@@ -53,6 +55,22 @@ def test_longest_ngram_first():
     assert propose(LookupDrafter(max_ngram=3), context, 2) == [4, 9]
     assert propose(LookupDrafter(max_ngram=2), context, 2) == [5, 0]
     assert propose(LookupDrafter(max_ngram=1), context, 2) == [6, 1]
+
+
+def test_short_matches_propose_fewer_ids():
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 2, 3]  # (2, 3) matches: a 2-gram, not a 3-gram
+    assert propose(LookupDrafter(max_ngram=3), context, 8) == [4, 5, 6, 7]
+    assert propose(LookupDrafter(max_ngram=3, guess_per_ngram=None), context, 8) == [
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        0,
+        2,
+    ]
+    assert propose(LookupDrafter(max_ngram=2), context, 8) == [4, 5, 6, 7, 8, 9, 0, 2]
 
 
 def test_most_recent_match_never_past_the_end():
