@@ -36,7 +36,7 @@ SOURCES = ("none", "model", "lookup", "hybrid")
 KINDS = ("edit", "again", "fresh")
 
 
-def functions(count: int, max_chars: int = 1200) -> list[tuple[str, str]]:
+def functions(count: int, max_chars: int = 700) -> list[tuple[str, str]]:
     """(request, code) for documented top-level functions, in a fixed order."""
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft-model", default=None)
     parser.add_argument("-k", "--num-draft-tokens", default="4",
                         help="the same fixed k for every source, for a fair comparison")
-    parser.add_argument("--max-tokens", type=int, default=160)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=8, help="functions (x3 kinds)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
