@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -467,3 +468,31 @@ def test_auto_warm_keeps_its_policy_across_runs(pair, tmp_path, monkeypatch):
         runner.run(config, [4, 5, 6], 1, 0)
     assert policies[0] is policies[1] and policies[2] is not policies[3]
     assert BenchConfig(MACSPEC, "auto-warm", 0.0).name == "macspec auto-warm"
+
+
+def test_overhead_script_prints_the_goals(folders, capsys):
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "scripts" / "bench_overhead.py"
+    spec = importlib.util.spec_from_file_location("bench_overhead", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    target, draft, prompts = folders
+    argv = [
+        "--model",
+        str(target),
+        "--draft-model",
+        str(draft),
+        "--k",
+        "2",
+        "--max-tokens",
+        "6",
+        "--repeats",
+        "1",
+        "--prompts",
+        str(prompts),
+    ]
+    assert script.main(argv) == 0
+    out = capsys.readouterr().out
+    for text in ("macspec k=2 / mlx-lm k=2 tok/s", "macspec auto / macspec plain", "ms/pass"):
+        assert text in out
