@@ -30,8 +30,22 @@ from macspec.events import Done
 from macspec.setup import build_engine
 from macspec.templates import encode_messages
 
-MODULES = ("textwrap", "shutil", "fnmatch", "posixpath", "string", "glob", "base64", "csv",
-           "gettext", "ipaddress", "json/encoder", "json/decoder", "calendar", "difflib")
+MODULES = (
+    "textwrap",
+    "shutil",
+    "fnmatch",
+    "posixpath",
+    "string",
+    "glob",
+    "base64",
+    "csv",
+    "gettext",
+    "ipaddress",
+    "json/encoder",
+    "json/decoder",
+    "calendar",
+    "difflib",
+)
 SOURCES = ("none", "model", "lookup", "hybrid")
 KINDS = ("edit", "again", "fresh")
 
@@ -66,9 +80,16 @@ def conversations(count: int) -> list[tuple[str, list[dict]]]:
     for request, code in functions(count):
         quoted = f"{request}\n\nThe current version, to edit:\n```python\n{code}\n```"
         chats.append(("edit", [{"role": "user", "content": quoted}]))
-        chats.append(("again", [{"role": "user", "content": request},
-                                {"role": "assistant", "content": code},
-                                {"role": "user", "content": request}]))
+        chats.append(
+            (
+                "again",
+                [
+                    {"role": "user", "content": request},
+                    {"role": "assistant", "content": code},
+                    {"role": "user", "content": request},
+                ],
+            )
+        )
         chats.append(("fresh", [{"role": "user", "content": request}]))
     return chats
 
@@ -83,8 +104,11 @@ def measure(args) -> dict:
         if source == "hybrid" and resolved.draft is None:
             continue
         engine, loaded = build_engine(
-            resolved, args.num_draft_tokens, no_draft=source == "none",
-            draft="model" if source == "none" else source)
+            resolved,
+            args.num_draft_tokens,
+            no_draft=source == "none",
+            draft="model" if source == "none" else source,
+        )
         if source == "model" and engine.drafter is None:
             continue  # --model without --draft-model
         for i, (kind, messages) in enumerate(chats):
@@ -110,18 +134,23 @@ def measure(args) -> dict:
     for (source, kind), (tokens, passes, proposed, accepted, decode_s) in totals.items():
         if passes:
             figures[f"{source}/{kind}"] = {
-                "tokens": tokens, "target_passes": passes,
+                "tokens": tokens,
+                "target_passes": passes,
                 "tokens_per_pass": tokens / passes,
                 "acceptance": accepted / proposed if proposed else None,
                 "decode_tokens_per_s": tokens / decode_s if decode_s else None,
             }
     return {
-        "target": resolved.target_name, "draft": resolved.draft_name,
-        "num_draft_tokens": args.num_draft_tokens, "max_tokens": args.max_tokens,
+        "target": resolved.target_name,
+        "draft": resolved.draft_name,
+        "num_draft_tokens": args.num_draft_tokens,
+        "max_tokens": args.max_tokens,
         "prompts_per_kind": len(chats) // len(KINDS),
         "figures": figures,
-        "by_source": {f"{s}:{n}": {"proposed": p, "accepted": a, "acceptance": a / p if p else None}
-                      for (s, n), (p, a) in by_source.items()},
+        "by_source": {
+            f"{s}:{n}": {"proposed": p, "accepted": a, "acceptance": a / p if p else None}
+            for (s, n), (p, a) in by_source.items()
+        },
     }
 
 
@@ -129,8 +158,10 @@ def table(result: dict) -> str:
     lines = [f"{'source/kind':<16}{'tokens':>8}{'passes':>8}{'tok/pass':>10}{'accept':>8}"]
     for name, f in result["figures"].items():
         accept = f"{f['acceptance']:.0%}" if f["acceptance"] is not None else "-"
-        lines.append(f"{name:<16}{f['tokens']:>8}{f['target_passes']:>8}"
-                     f"{f['tokens_per_pass']:>10.2f}{accept:>8}")
+        lines.append(
+            f"{name:<16}{f['tokens']:>8}{f['target_passes']:>8}"
+            f"{f['tokens_per_pass']:>10.2f}{accept:>8}"
+        )
     for name, f in result["by_source"].items():
         accept = f"{f['acceptance']:.0%}" if f["acceptance"] is not None else "-"
         lines.append(f"  {name}: {f['accepted']}/{f['proposed']} kept ({accept})")
@@ -142,8 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", default=None)
     parser.add_argument("--model", default=None)
     parser.add_argument("--draft-model", default=None)
-    parser.add_argument("-k", "--num-draft-tokens", default="4",
-                        help="the same fixed k for every source, for a fair comparison")
+    parser.add_argument(
+        "-k",
+        "--num-draft-tokens",
+        default="4",
+        help="the same fixed k for every source, for a fair comparison",
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=8, help="functions (x3 kinds)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
