@@ -156,16 +156,21 @@ def default_pair_name() -> str:
     return load_config().default_pair or DEFAULT_PAIR
 
 
-def resolve_models(pair: str | None, model: str | None, draft_model: str | None) -> ResolvedModels:
+def resolve_models(
+    pair: str | None, model: str | None, draft_model: str | None, need_draft: bool = True
+) -> ResolvedModels:
     """Turn `--pair` / `--model` / `--draft-model` into local model folders, offline.
 
     `--pair NAME` uses the pair (a `--draft-model` replaces its draft); `--model` alone means
     target-only decoding unless `--draft-model` is given; nothing at all means the default pair.
     A model that is not downloaded is a one-line error naming the `macspec pull` to run.
+    With `need_draft` False (plain decoding, prompt lookup) the draft is not even looked up.
     """
     if pair is not None and model is not None:
         raise MacspecError("--pair and --model both given; pass one of them")
     if model is not None:
+        if not need_draft:
+            draft_model = None
         draft = hub.local_model_path(draft_model) if draft_model is not None else None
         return ResolvedModels(hub.local_model_path(model), draft, model, draft_model, None)
     catalog = load_catalog()
@@ -179,8 +184,10 @@ def resolve_models(pair: str | None, model: str | None, draft_model: str | None)
                 f"{config_path()}: default_pair '{name}' is not a known pair (known: {known})"
             )
         chosen = catalog.pairs[name]
-    draft_name = draft_model if draft_model is not None else chosen.draft
     target_path = _pair_model_path(chosen, chosen.target)
+    if not need_draft:
+        return ResolvedModels(target_path, None, chosen.target, None, chosen)
+    draft_name = draft_model if draft_model is not None else chosen.draft
     draft_path = (
         hub.local_model_path(draft_model)
         if draft_model is not None

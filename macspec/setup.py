@@ -11,12 +11,11 @@ from macspec.lookup import HybridDrafter, LookupDrafter
 from macspec.policy import make_policy
 
 DRAFT_SOURCES = ("model", "lookup", "hybrid")
-LOOKUP_DRAFT_TOKENS = 8
-"""`--draft lookup`'s default draft length: a fixed k, not 'auto'. A lookup guess costs no
-forward pass, which AutoPolicy's cost model (k x a draft step) has no measurement for, so
-with lookup alone it would settle on plain decoding. A fixed k wastes little: lookup proposes
-only on a match (a miss is a plain step), and on a GPU a verify pass over a few more ids costs
-about one pass. Where verify grows with m (a CPU), pass `-k` smaller if matches are poor."""
+
+
+def needs_draft_model(draft: str, no_draft: bool) -> bool:
+    """Whether `--draft` / `--no-draft` need a draft model resolved and loaded at all."""
+    return not no_draft and draft != "lookup"
 
 
 def build_engine(
@@ -33,9 +32,7 @@ def build_engine(
     if draft not in DRAFT_SOURCES:
         raise MacspecError(f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
     spec = num_draft_tokens
-    if spec is None and draft == "lookup":
-        spec = str(LOOKUP_DRAFT_TOKENS)
-    elif spec is None:
+    if spec is None:
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
     policy = make_policy(spec)  # validated even with --no-draft: a typo is still an error
     if draft == "hybrid" and resolved.draft is None and not no_draft:
@@ -48,11 +45,6 @@ def build_engine(
     loaded = load_models(resolved.target, draft_path)
     if no_draft or (loaded.draft is None and draft != "lookup"):
         return Engine(loaded.target, loaded.tokenizer), loaded
-    if draft == "lookup" and spec.strip().lower() == "auto":
-        loaded.warnings.append(
-            "--num-draft-tokens auto cannot price lookup guesses (they cost no forward "
-            f"pass) and mostly decodes plainly; lookup's default is {LOOKUP_DRAFT_TOKENS}"
-        )
     drafter = make_drafter(draft, loaded)
     engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, vocab_size=loaded.vocab_size)
     return engine, loaded

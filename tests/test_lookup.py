@@ -21,9 +21,9 @@ from macspec.drafters import Draft, ModelDrafter
 from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.lookup import HybridDrafter, LookupDrafter, NgramIndex
-from macspec.policy import FixedPolicy
+from macspec.policy import AutoPolicy, FixedPolicy
 from macspec.sampling import SamplingParams, probabilities, sample
-from macspec.setup import LOOKUP_DRAFT_TOKENS, build_engine, make_drafter
+from macspec.setup import build_engine, make_drafter
 from macspec.verify import Verdict, verify_sampled
 
 GREEDY = SamplingParams()
@@ -414,11 +414,19 @@ def test_build_engine_lookup_needs_no_draft_model(model_folders):
     target, draft = model_folders
     engine, loaded = build_engine(resolved(target, None), draft="lookup")
     assert isinstance(engine.drafter, LookupDrafter)
-    assert isinstance(engine.policy, FixedPolicy) and engine.policy.k == LOOKUP_DRAFT_TOKENS
+    assert isinstance(engine.policy, AutoPolicy)  # it prices guesses that cost no pass
     engine, loaded = build_engine(resolved(target, draft), draft="lookup")
     assert loaded.draft is None  # a pair's draft is not loaded for lookup
-    engine, loaded = build_engine(resolved(target, None), "auto", draft="lookup")
-    assert any("auto" in warning for warning in loaded.warnings)
+    engine, _ = build_engine(resolved(target, None), "5", draft="lookup")
+    assert isinstance(engine.policy, FixedPolicy) and engine.policy.k == 5
+
+
+def test_auto_policy_speculates_with_lookup_when_the_text_repeats(tok):
+    model = copying_model(3)
+    engine = Engine(model, tok, LookupDrafter(), AutoPolicy())
+    stats = assert_lossless(engine, model, repetitive_prompts(model, 12, seed=1), 24)
+    passes = sum(s.target_passes for s in stats)
+    assert sum(s.generated_tokens for s in stats) / passes > 2.0
 
 
 def test_build_engine_hybrid(model_folders):

@@ -26,6 +26,7 @@ from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.events import Done, Token
 from macspec.session import ChatModels, ChatSession, ContextTrimmed, downloaded_pairs, open_models
+from macspec.setup import needs_draft_model
 from macspec.store import ModelInfo, Store, StoredMessage
 from tui.live import LiveFigures, without_timings
 from tui.messages import Chunk, Finished, Noticed, PairFailed, PairLoaded, Rejected
@@ -330,7 +331,10 @@ def default_pair_loader(
     """Loads a catalog pair from disk with the command line's draft settings."""
 
     def load(pair: Pair) -> ChatModels:
-        return open_models(resolve_models(pair.name, None, None), num_draft_tokens, no_draft, draft)
+        resolved = resolve_models(
+            pair.name, None, None, need_draft=needs_draft_model(draft, no_draft)
+        )
+        return open_models(resolved, num_draft_tokens, no_draft, draft)
 
     return load
 

@@ -18,6 +18,7 @@ from macspec.cli.app import app, fail
 from macspec.engine import GenerationConfig
 from macspec.sampling import SamplingParams
 from macspec.session import open_models
+from macspec.setup import needs_draft_model
 from macspec.store import Conversation, ConversationSummary, Store
 
 
@@ -68,7 +69,9 @@ def chat(
         conversation_id = store.latest_conversation_id()
         if conversation_id is None:
             notes.append("there is no stored conversation to continue; this is a new one")
-    resolved = resolve_models(pair, model, draft_model)
+    resolved = resolve_models(
+        pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
+    )
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
     loaded = open_models(resolved, num_draft_tokens, no_draft, draft)
 

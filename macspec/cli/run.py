@@ -14,7 +14,7 @@ from macspec.cli.app import app, fail
 from macspec.engine import GenerationConfig
 from macspec.events import Done, Token
 from macspec.sampling import SamplingParams
-from macspec.setup import build_engine
+from macspec.setup import build_engine, needs_draft_model
 from macspec.stats import Stats
 from macspec.templates import encode_prompt
 
@@ -71,7 +71,9 @@ def run(
         stop_strings=tuple(stop or ()),
         seed=seed,
     )
-    resolved = resolve_models(pair, model, draft_model)
+    resolved = resolve_models(
+        pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
+    )
     engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
