@@ -180,6 +180,15 @@ def test_draft_model_replaces_the_pairs_draft(cached_model, tiny_model_folder):
     assert resolved.draft == tiny_model_folder and resolved.pair.name == "tiny"
 
 
+def test_plain_or_lookup_decoding_needs_no_draft_download(cached_model):
+    target = cached_model("test/tiny-target")  # the pair's draft is not downloaded
+    user_catalog(pair_toml())
+    with pytest.raises(MacspecError, match="not downloaded"):
+        resolve_models("tiny", None, None)
+    resolved = resolve_models("tiny", None, None, need_draft=False)
+    assert (resolved.target, resolved.draft, resolved.draft_name) == (target, None, None)
+
+
 def test_resolve_works_offline_with_no_network(cached_model, monkeypatch, network_calls):
     cached_model("test/tiny-target")
     cached_model("test/tiny-draft")
