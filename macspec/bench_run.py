@@ -60,7 +60,8 @@ class BenchSettings:
     curve_max_m: int = 16
     """The verify-cost curve times target passes over m = 1 .. curve_max_m ids."""
     curve_repeats: int = 7
-    """Timings per m; the curve keeps their median."""
+    """Fewest timings per m (one is taken before each prompt; more at the end if short);
+    the curve keeps their median."""
     warmup: bool = True
     """Run every configuration once, untimed, on a few ids before measuring."""
 
@@ -237,34 +238,60 @@ def _median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
-def _time_passes(model: CachedModel, ids: list[int], sizes: Sequence[int], repeats: int):
-    keep = len(model)
-    times: dict[int, list[float]] = {m: [] for m in sizes}
-    for repeat in range(repeats + 1):  # the first round warms up and is dropped
-        shift = repeat % len(sizes)
+class CostSampler:
+    """Times target passes over m = 1..max_m ids and draft steps, on warm caches, a round
+    at a time: the benchmark takes a round between prompts, so the curve sees the same drift
+    of the machine as the runs (one burst at the start can catch a busy moment)."""
+
+    DRAFT_STEPS = 3
+    """Draft steps timed per round (each is short)."""
+
+    def __init__(self, target: nn.Module, draft: nn.Module, prompt_ids: Sequence[int], max_m: int):
+        self.ids = _filler(prompt_ids, max_m)
+        self.target = CachedModel(target, "target model")
+        self.target.prefill(list(prompt_ids))
+        self.draft = CachedModel(draft, "draft model")
+        self.draft.prefill(list(prompt_ids))
+        self.target_s: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
+        self.draft_s: list[float] = []
+        self.rounds = 0
+        self.round(keep=False)  # the first round warms up and is dropped
+
+    def _time(self, model: CachedModel, m: int) -> float:
+        keep = len(model)
+        mx.eval([c.state for c in model.cache])
+        started = time.perf_counter()
+        mx.eval(model.forward(self.ids[:m]))
+        elapsed = time.perf_counter() - started
+        model.trim_to(keep)
+        return elapsed
+
+    def round(self, keep: bool = True) -> None:
+        """One timing of every m (rotated, so no m always follows the same one) and of the draft."""
+        sizes = list(self.target_s)
+        shift = self.rounds % len(sizes)
         for m in [*sizes[shift:], *sizes[:shift]]:
-            mx.eval([c.state for c in model.cache])
-            started = time.perf_counter()
-            mx.eval(model.forward(ids[:m]))
-            elapsed = time.perf_counter() - started
-            model.trim_to(keep)
-            if repeat:
-                times[m].append(elapsed)
-    return {m: _median(t) for m, t in times.items()}
+            elapsed = self._time(self.target, m)
+            if keep:
+                self.target_s[m].append(elapsed)
+        for _ in range(self.DRAFT_STEPS):
+            elapsed = self._time(self.draft, 1)
+            if keep:
+                self.draft_s.append(elapsed)
+        self.rounds += keep
+
+    def curve(self) -> CostCurve:
+        return CostCurve(tuple(_median(t) for t in self.target_s.values()), _median(self.draft_s))
 
 
 def measure_cost_curve(
     target: nn.Module, draft: nn.Module, prompt_ids: Sequence[int], max_m: int, repeats: int
 ) -> CostCurve:
-    """Seconds of a target pass over m = 1..max_m ids and of a draft step, on warm caches."""
-    ids = _filler(prompt_ids, max_m)
-    warm = CachedModel(target, "target model")
-    warm.prefill(list(prompt_ids))
-    target_times = _time_passes(warm, ids, list(range(1, max_m + 1)), repeats)
-    warm_draft = CachedModel(draft, "draft model")
-    warm_draft.prefill(list(prompt_ids))
-    draft_times = _time_passes(warm_draft, ids, [1], max(repeats, 3) * 3)
-    return CostCurve(tuple(target_times[m] for m in range(1, max_m + 1)), draft_times[1])
+    """The cost curve from `repeats` rounds taken back to back."""
+    sampler = CostSampler(target, draft, prompt_ids, max_m)
+    for _ in range(repeats):
+        sampler.round()
+    return sampler.curve()
 
 
 def argmax_margin(model: nn.Module, ids: Sequence[int], vocab_size: int | None = None) -> float:
@@ -318,14 +345,18 @@ def run_bench(
             runner.run(config, prompt_ids[0], 0, 0, max_tokens=min(8, settings.max_tokens))
             done += 1
     step("verify-cost curve")
-    result.curve = measure_cost_curve(
-        loaded.target, loaded.draft, prompt_ids[0], settings.curve_max_m, settings.curve_repeats
-    )
+    sampler = CostSampler(loaded.target, loaded.draft, prompt_ids[0], settings.curve_max_m)
     done += 1
-    for repeat, prompt, config in order:
+    for n, (repeat, prompt, config) in enumerate(order):
+        if n % len(configs) == 0:
+            sampler.round()  # one round of the cost curve before each prompt
         step(f"prompt {prompt + 1}/{len(prompt_ids)} {config.label}")
         result.records.append(runner.run(config, prompt_ids[prompt], prompt, repeat))
         done += 1
+    while sampler.rounds < settings.curve_repeats:
+        step("verify-cost curve")
+        sampler.round()
+    result.curve = sampler.curve()
     step("checking outputs")
     result.checks = [
         _with_margin(loaded, prompt_ids, c, result.records) for c in lossless_checks(result.records)
