@@ -95,3 +95,17 @@ class Stats:
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
         }
+
+
+def summary_line(stats: Stats, finish_reason: str) -> str:
+    """The short summary printed after an answer."""
+    parts = [f"{stats.generated_tokens} tokens"]
+    if stats.decode_tokens_per_s is not None:
+        parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
+    if stats.acceptance_rate is not None:
+        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
+    if stats.tokens_per_pass is not None:
+        parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
+    parts.append(f"ttft {stats.ttft_s:.2f}s")
+    parts.append(finish_reason)
+    return " · ".join(parts)

@@ -21,12 +21,12 @@ from textual.widgets import Footer
 from textual.worker import Worker, get_current_worker
 
 from macspec.catalog import Pair, resolve_models
-from macspec.cli.run import stats_line
 from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.events import Done, Token
 from macspec.session import ChatModels, ChatSession, ContextTrimmed, downloaded_pairs, open_models
 from macspec.setup import needs_draft_model
+from macspec.stats import summary_line
 from macspec.store import ModelInfo, Store, StoredMessage
 from tui.live import LiveFigures, without_timings
 from tui.messages import Chunk, Finished, Noticed, PairFailed, PairLoaded, Rejected
@@ -199,7 +199,7 @@ class ChatApp(App, inherit_bindings=False):
         answer, done = self._answer, message.done
         if done is not None:
             stats = without_timings(done.stats) if self.mask_timings else done.stats
-            summary = stats_line(stats, done.finish_reason)
+            summary = summary_line(stats, done.finish_reason)
             if self.mask_timings:
                 summary = summary.replace("ttft 0.00s", "ttft ··")
             if done.finish_reason == "cancelled":

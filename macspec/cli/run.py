@@ -15,22 +15,8 @@ from macspec.engine import GenerationConfig
 from macspec.events import Done, Token
 from macspec.sampling import SamplingParams
 from macspec.setup import build_engine, needs_draft_model
-from macspec.stats import Stats
+from macspec.stats import summary_line
 from macspec.templates import encode_prompt
-
-
-def stats_line(stats: Stats, finish_reason: str) -> str:
-    """The short summary printed after an answer."""
-    parts = [f"{stats.generated_tokens} tokens"]
-    if stats.decode_tokens_per_s is not None:
-        parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
-    if stats.acceptance_rate is not None:
-        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
-    if stats.tokens_per_pass is not None:
-        parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
-    parts.append(f"ttft {stats.ttft_s:.2f}s")
-    parts.append(finish_reason)
-    return " · ".join(parts)
 
 
 def read_prompt(prompt: str) -> str:
@@ -92,7 +78,7 @@ def run(
         return
     sys.stdout.write(done.tail + ("\n" if not (done.text.endswith("\n")) else ""))
     sys.stdout.flush()
-    print(stats_line(done.stats, done.finish_reason), file=sys.stderr)
+    print(summary_line(done.stats, done.finish_reason), file=sys.stderr)
 
 
 def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str, Any]:
