@@ -1,0 +1,88 @@
+"""The shipped demo pair (macspec/demo): mlx-lm loads it, 4-bit, one tokenizer, sane greedy output.
+
+The pair is trained by scripts/train_demo_pair.py; the prompts are its held-out split.
+"""
+
+import json
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+mlx_lm = pytest.importorskip("mlx_lm")
+
+PROMPTS = Path(__file__).parents[1] / "scripts" / "demo_eval_prompts.jsonl"
+
+
+def demo_path(name: str) -> Path:
+    return Path(str(files("macspec") / "demo" / name))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = mlx_lm.load(str(demo_path("target")))
+    draft = mlx_lm.load(str(demo_path("draft")))
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    with open(PROMPTS) as f:
+        return [json.loads(line)["prompt"] for line in f][:3]
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True
+    )
+
+
+@pytest.mark.parametrize("name", ["target", "draft"])
+def test_shipped_files_are_4bit_llama(name):
+    path = demo_path(name)
+    shipped = {p.name for p in path.iterdir()}
+    needed = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+    assert needed <= shipped
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "llama"
+    assert config["quantization"]["bits"] == 4
+    assert config["quantization"]["group_size"] == 64
+
+
+def test_draft_is_much_smaller(pair):
+    (target, _), (draft, _) = pair
+    t_args, d_args = target.args, draft.args
+    assert d_args.hidden_size < t_args.hidden_size
+    assert d_args.num_hidden_layers < t_args.num_hidden_layers
+    size = lambda p: (p / "model.safetensors").stat().st_size  # noqa: E731
+    assert size(demo_path("target")) > 3 * size(demo_path("draft"))
+
+
+def test_one_tokenizer(pair):
+    (_, t_tok), (_, d_tok) = pair
+    assert t_tok.get_vocab() == d_tok.get_vocab()
+    assert t_tok.eos_token_id == d_tok.eos_token_id == t_tok.convert_tokens_to_ids("<|end|>")
+
+
+def test_chat_template_applies(pair, prompts):
+    (_, tok), _ = pair
+    messages = [{"role": "user", "content": prompts[0]}]
+    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert text == f"<|begin|><|user|>\n{prompts[0]}<|end|><|assistant|>\n"
+    ids = chat_ids(tok, prompts[0])
+    assert ids[:2] == tok.convert_tokens_to_ids(["<|begin|>", "<|user|>"])
+    assert tok.decode(ids[-2:]) == "<|assistant|>\n"
+    # without the generation prompt the template ends the last turn instead
+    no_gen = tok.apply_chat_template(messages, add_generation_prompt=False, tokenize=False)
+    assert no_gen.endswith("<|end|>")
+
+
+def test_target_greedy_is_deterministic_python(pair, prompts):
+    (model, tok), _ = pair
+    for prompt in prompts:
+        ids = chat_ids(tok, prompt)
+        first = mlx_lm.generate(model, tok, ids, max_tokens=40)
+        second = mlx_lm.generate(model, tok, ids, max_tokens=40)
+        assert first == second
+        assert first.strip()
+        assert first.startswith(("def ", "async def ")), first
