@@ -57,7 +57,7 @@ def test_shipped_catalog_has_the_required_pairs(hf_cache):
     for draft, targets in wanted.items():
         assert {p.target for p in pairs.values() if p.draft == draft} == targets
     for pair in pairs.values():
-        assert pair.description and pair.size_gb > 0 and pair.context_length >= 2048
+        assert pair.description and pair.size_gb > 0 and pair.context_length >= 512
         assert pair.draft_policy == "auto" or isinstance(pair.draft_policy, int)
 
 
