@@ -1,7 +1,7 @@
 """A finished benchmark as figures: the summaries, the JSON document, the optional plot.
 
-Everything is computed from the BenchResult by the pure functions of macspec/bench.py; the
-CLI only renders what `report` returns.
+Everything is computed from the BenchResult by the pure functions of bench.py and
+bench_theory.py; the CLI only renders what `report` returns.
 """
 
 from __future__ import annotations
@@ -12,18 +12,20 @@ from typing import Any
 
 from macspec.bench import (
     BenchConfig,
-    BestK,
     ConfigSummary,
     LosslessSummary,
     RunRecord,
     Spread,
-    TheoryRow,
-    best_k,
     summarize,
     summarize_lossless,
-    theory_rows,
 )
 from macspec.bench_run import BenchResult
+from macspec.bench_theory import (
+    BestK,
+    TheoryRow,
+    best_k,
+    theory_rows,
+)
 from macspec.errors import MacspecError
 from macspec.prompts import BenchPrompt
 

@@ -3,7 +3,7 @@
 Each run is timed from the outside the same way whatever the tool (a wall clock around the
 whole generation, the arrival of each id counted here), and runs are interleaved prompt by
 prompt with the configurations in rotating order, so drift of a shared machine hits all alike.
-The figures are computed from the records by macspec/bench.py.
+The figures are computed from the records by macspec/bench.py and bench_theory.py.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from macspec.bench import (
     MLX_LM,
     BenchConfig,
     Comparison,
-    CostCurve,
     RunRecord,
     lossless_checks,
     replay_mlx_cycles,
+)
+from macspec.bench_theory import (
+    CostCurve,
 )
 from macspec.cached import CachedModel
 from macspec.drafters import ModelDrafter

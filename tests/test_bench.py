@@ -19,22 +19,24 @@ from macspec.bench import (
     MACSPEC,
     MLX_LM,
     BenchConfig,
-    CostCurve,
     RunRecord,
-    best_k,
     compare,
     first_difference,
     lossless_checks,
-    predicted_best_k,
-    predicted_speedup,
-    predicted_tokens_per_pass,
     replay_mlx_cycles,
     spread,
     summarize,
     summarize_lossless,
-    theory_rows,
 )
 from macspec.bench_run import BenchSettings, plan_configs, schedule
+from macspec.bench_theory import (
+    CostCurve,
+    best_k,
+    predicted_best_k,
+    predicted_speedup,
+    predicted_tokens_per_pass,
+    theory_rows,
+)
 from macspec.cli import main
 from macspec.errors import MacspecError
 from macspec.prompts import builtin, load_prompts

@@ -1,0 +1,122 @@
+"""What the theory predicts from this device's verify cost, next to what `macspec bench`
+measured: (1 - a^(k+1)) / ((1 - a)(k c + T(k+1)/T(1))). Pure functions, as in bench.py."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from macspec.bench import MACSPEC, BenchConfig, ConfigSummary, ratio
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """This device's cost of verifying: a target pass over m ids, and a draft step."""
+
+    target_s: tuple[float, ...]
+    """target_s[m - 1]: median seconds of a target pass over m ids on a warm cache."""
+    draft_s: float
+    """Median seconds of one draft step (a pass over 1 id)."""
+
+    @property
+    def relative(self) -> tuple[float, ...]:
+        """T(m) / T(1) for m = 1, 2, ...: about m on a CPU, about 1 up to ~8 on Apple GPUs."""
+        return tuple(t / self.target_s[0] for t in self.target_s)
+
+    @property
+    def draft_cost(self) -> float:
+        """c: a draft step over a target pass of one id."""
+        return self.draft_s / self.target_s[0]
+
+
+def predicted_tokens_per_pass(a: float, k: int) -> float:
+    """Expected ids per cycle of k guesses, each kept with chance a given the ones before."""
+    return float(k + 1) if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+
+
+def predicted_speedup(a: float, k: int, c: float, relative: Sequence[float]) -> float:
+    """(1 - a^(k+1)) / ((1 - a)(k c + T(k+1)/T(1))): over plain decoding, overheads aside."""
+    return predicted_tokens_per_pass(a, k) / (k * c + relative[k])
+
+
+def predicted_best_k(a: float, c: float, relative: Sequence[float]) -> tuple[int, float]:
+    """The k (0: plain decoding) the formula likes best on the measured curve, and its speedup."""
+    best = (0, 1.0)
+    for k in range(1, len(relative)):
+        speedup = predicted_speedup(a, k, c, relative)
+        if speedup > best[1]:
+            best = (k, speedup)
+    return best
+
+
+@dataclass(frozen=True)
+class TheoryRow:
+    """Predicted against measured, for one tool at one fixed k and temperature."""
+
+    config: BenchConfig
+    alpha: float
+    """judged_acceptance of the runs."""
+    predicted_tokens_per_pass: float
+    measured_tokens_per_pass: float | None
+    predicted_speedup: float
+    measured_speedup: float | None
+    """Median of the paired speedups."""
+
+
+def theory_rows(summaries: Sequence[ConfigSummary], curve: CostCurve) -> list[TheoryRow]:
+    rows = []
+    for s in summaries:
+        k = s.config.k
+        if k is None or s.judged_acceptance is None or k >= len(curve.relative):
+            continue
+        rows.append(
+            TheoryRow(
+                config=s.config,
+                alpha=s.judged_acceptance,
+                predicted_tokens_per_pass=predicted_tokens_per_pass(s.judged_acceptance, k),
+                measured_tokens_per_pass=s.tokens_per_pass,
+                predicted_speedup=predicted_speedup(
+                    s.judged_acceptance, k, curve.draft_cost, curve.relative
+                ),
+                measured_speedup=s.speedup.median if s.speedup else None,
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class BestK:
+    """The best draft length, predicted and measured, for macspec at one temperature."""
+
+    temperature: float
+    alpha: float
+    """Pooled over macspec's fixed-k runs: accepted / (accepted + rejections)."""
+    predicted_k: int
+    predicted_speedup: float
+    measured_k: int | None
+    """The fixed k with the highest median speedup; 0 when none beat plain decoding."""
+    measured_speedup: float | None
+    """Its median speedup (1.0 for plain decoding)."""
+
+
+def best_k(summaries: Sequence[ConfigSummary], curve: CostCurve) -> list[BestK]:
+    by_temp: dict[float, list[ConfigSummary]] = defaultdict(list)
+    for s in summaries:
+        if s.config.tool == MACSPEC and s.config.k is not None:
+            by_temp[s.config.temperature].append(s)
+    results = []
+    for temp, group in by_temp.items():
+        accepted = sum(s.accepted for s in group)
+        alpha = ratio(accepted, accepted + sum(s.rejections for s in group))
+        if alpha is None:
+            continue
+        k, speedup = predicted_best_k(alpha, curve.draft_cost, curve.relative)
+        measured = [(s.speedup.median, s.config.k) for s in group if s.speedup]
+        top = max(measured, default=None)
+        if top is not None and top[0] <= 1:
+            top = (1.0, 0)
+        results.append(
+            BestK(temp, alpha, k, speedup, top[1] if top else None, top[0] if top else None)
+        )
+    return results
