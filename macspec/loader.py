@@ -70,14 +70,24 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
         )
 
 
-def load_models(target_path: Path, draft_path: Path | None = None) -> LoadedModels:
-    """Load the target and, if given, the draft; refuse a draft that cannot work with it."""
+def load_models(
+    target_path: Path,
+    draft_path: Path | None = None,
+    target_name: str | None = None,
+    draft_name: str | None = None,
+) -> LoadedModels:
+    """Load the target and, if given, the draft; refuse a draft that cannot work with it.
+
+    Names (repo ids, as the user gave them) are what errors show; paths are the fallback.
+    """
     target, tokenizer = load_model(target_path, "model")
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
     if draft_path is None:
         return loaded
     draft, draft_tokenizer = load_model(draft_path, "draft model")
-    check_same_tokenizer(tokenizer, draft_tokenizer, str(target_path), str(draft_path))
+    check_same_tokenizer(
+        tokenizer, draft_tokenizer, target_name or str(target_path), draft_name or str(draft_path)
+    )
     loaded.draft, loaded.draft_path = draft, draft_path
 
     sizes = [output_vocab_size(target), output_vocab_size(draft)]

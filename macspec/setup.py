@@ -42,7 +42,7 @@ def build_engine(
         )
     # Lookup needs no second model: a pair's draft is not even loaded.
     draft_path = None if no_draft or draft == "lookup" else resolved.draft
-    loaded = load_models(resolved.target, draft_path)
+    loaded = load_models(resolved.target, draft_path, resolved.target_name, resolved.draft_name)
     if no_draft or (loaded.draft is None and draft != "lookup"):
         return Engine(loaded.target, loaded.tokenizer), loaded
     drafter = make_drafter(draft, loaded)

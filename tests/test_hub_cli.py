@@ -315,6 +315,21 @@ def test_bad_input_is_one_line_exit_2_nothing_written(
     assert (tree(hf_cache), tree(home_dir)) == before
 
 
+def test_a_pair_whose_tokenizers_differ_is_refused_naming_both(
+    capsys, tiny_pair, hf_cache, cached_model, tmp_path
+):
+    from conftest import put_in_hf_cache
+    from tiny import random_model, save_model
+
+    cached_model("test/tiny-target")
+    other = save_model(random_model(1), tmp_path / "other", tokenizer_shift=7)
+    put_in_hf_cache(hf_cache, "test/tiny-draft", other)
+    code, out, err = cli(capsys, "run", "hi", "--pair", "tiny")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "tokenizers differ" in err
+    assert "tiny-draft" in err and "tiny-target" in err
+
+
 # ---- hub helpers ----------------------------------------------------------------------------
 
 
