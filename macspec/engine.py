@@ -19,7 +19,7 @@ from macspec.drafters import Draft, Drafter
 from macspec.errors import MacspecError
 from macspec.events import Cycle, Done, Event, Source, Token
 from macspec.policy import AutoPolicy, DraftPolicy
-from macspec.sampling import KeyStream, SamplingParams, probabilities
+from macspec.sampling import KeyStream, SamplingParams, probabilities, sample
 from macspec.stats import Stats
 from macspec.stops import StopScanner
 from macspec.verify import Verdict, verify_greedy, verify_sampled
@@ -79,17 +79,61 @@ class Engine:
 
         context = list(prompt)
         delivered = 0  # ids handed to the consumer; on exit the caches keep only those
+        decided: int | None = None  # a draft length the policy chose during a plain stretch
         try:
             while delivered < config.max_tokens:
                 begun = time.perf_counter()
-                requested = self.policy.draft_length() if drafter is not None else 0
+                if drafter is None:
+                    requested = 0
+                elif decided is not None:
+                    requested, decided = decided, None
+                else:
+                    requested = self.policy.draft_length()
                 # The target adds one token of its own: never guess past max_tokens.
                 k = min(requested, config.max_tokens - delivered - 1)
-                draft = Draft(tokens=[])
-                if k > 0:
-                    key = keys.next() if keys is not None else None
-                    draft = drafter.propose(context, k, params, key, self.policy.confidence_floor)
-                    draft = self._cut_at_eos(draft)
+                if k <= 0:
+                    # Plain decoding, pipelined as mlx-lm's generate_step: the next step is
+                    # queued before this one's token is read back. Within such a stretch the
+                    # target's cache runs one token ahead of the invariant; `finally` and the
+                    # stretch's last step bring it back.
+                    token = self._plain_step(context[len(target) :], params, keys)
+                    mx.async_eval(token)
+                    while True:
+                        following = None
+                        if delivered + 1 < config.max_tokens:
+                            if drafter is not None:
+                                decided = self.policy.draft_length()
+                            if not decided:
+                                decided = None
+                                following = self._plain_step(token, params, keys)
+                                mx.async_eval(following)
+                        value = token.item()
+                        now = time.perf_counter()
+                        context.append(value)
+                        cycle = Cycle(
+                            requested=requested,
+                            proposed=0,
+                            accepted=0,
+                            draft_s=0.0,
+                            verify_s=now - begun,
+                            overhead_s=0.0,
+                            draft_steps=0,
+                            draft_fed=0,
+                        )
+                        begun = now
+                        if drafter is not None:
+                            self.policy.observe(cycle)
+                        yield cycle
+                        delivered += 1
+                        yield value, Source.TARGET
+                        if following is None:
+                            break
+                        token, requested = following, 0
+                    continue
+
+                key = keys.next() if keys is not None else None
+                draft = drafter.propose(context, k, params, key, self.policy.confidence_floor)
+                draft = self._cut_at_eos(draft)
                 drafted = time.perf_counter()
 
                 guesses = draft.tokens
@@ -127,6 +171,15 @@ class Engine:
             target.trim_to(keep)
             if drafter is not None:
                 drafter.rollback(keep)
+
+    def _plain_step(
+        self, ids: list[int] | mx.array, params: SamplingParams, keys: KeyStream | None
+    ) -> mx.array:
+        """Feed ids to the target; the next token as an unevaluated (1,) array."""
+        logits = self.target.forward(ids)[-1:, : self.vocab_size]
+        if params.greedy:
+            return mx.argmax(logits, axis=-1)
+        return sample(probabilities(logits, params), keys.next())
 
     def _cut_at_eos(self, draft: Draft) -> Draft:
         for i, token in enumerate(draft.tokens):

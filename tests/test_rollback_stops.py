@@ -114,6 +114,35 @@ def test_closing_the_generator_mid_run_leaves_consistent_caches(tok, target, dra
     assert done.tokens == greedy_reference(target, consumed, 10)
 
 
+@pytest.mark.parametrize("stop_after", [1, 4, 9])
+@pytest.mark.parametrize("with_auto_draft", [False, True])
+def test_closing_mid_plain_stretch_drops_the_prefetched_step(
+    tok, target, draft, stop_after, with_auto_draft
+):
+    """Plain steps are pipelined (the next one is queued early); closing must undo that."""
+    from macspec.policy import AutoPolicy
+
+    engine = (
+        Engine(target, tok, ModelDrafter(draft), AutoPolicy())
+        if with_auto_draft
+        else Engine(target, tok)
+    )
+    prompt = tok.encode(PROMPTS[2])
+    seen = []
+    gen = engine.generate(prompt, GenerationConfig(max_tokens=40))
+    for event in gen:
+        if isinstance(event, Token):
+            seen.append(event.id)
+            if len(seen) == stop_after:
+                break
+    gen.close()
+    consumed = prompt + seen
+    assert engine.target.tokens == consumed[:-1]
+    assert_cache_is_its_tokens(engine.target)
+    done = list(engine.generate(consumed, GenerationConfig(max_tokens=10)))[-1]
+    assert done.tokens == greedy_reference(target, consumed, 10)
+
+
 def test_interrupted_forward_pass_is_rolled_back_per_layer(target):
     """Ctrl-C between layers leaves layers at different lengths; trim_to evens them."""
     state = CachedModel(target)
