@@ -64,14 +64,15 @@ class AutoPolicy:
 
     Expected tokens from a cycle of k guesses: E(k) = 1 + sum_j prod_{i<=j} a_i, where a_i is
     the chance the i-th guess is kept given the ones before were. Its cost:
-    k * draft_step + T(k + 1) + overhead, T(m) being a target pass over m tokens.
+    k * guess_cost + T(k + 1) + overhead, T(m) being a target pass over m tokens and
+    guess_cost a draft model's step (next to nothing for a prompt-lookup guess).
     """
 
     def __init__(
         self,
         max_k: int = 8,
         confidence_floor: float | None = 0.4,
-        start_k: int = 4,
+        start_k: int = 3,
         probe_every: int = 16,
         memory: float = 0.95,
     ):
@@ -94,14 +95,23 @@ class AutoPolicy:
         self._next_probe = probe_every
         self._settled: int | None = None
         self._probe_up = True
+        self._best: int | None = None
+        self._skipped = False
 
     # -- estimates -------------------------------------------------------------------------
-    def acceptance(self, position: int) -> float:
-        """Chance the guess at `position` (1-based) is kept, given the ones before were."""
+    def acceptance(self, position: int, optimistic: bool = False) -> float:
+        """Chance the guess at `position` (1-based) is kept, given the ones before were.
+
+        `optimistic` adds two standard deviations of the estimate: what it might still be.
+        """
         for i in range(position, 0, -1):  # unseen deep positions borrow the deepest seen
             if self._reached[i] >= 1:
-                return (self._kept[i] + 1) / (self._reached[i] + 2)
-        return 0.5
+                n = self._reached[i] + 2
+                mean = (self._kept[i] + 1) / n
+                if optimistic:
+                    return min(1.0, mean + 2 * (mean * (1 - mean) / n) ** 0.5)
+                return mean
+        return 1.0 if optimistic else 0.5
 
     def pass_time(self, m: int) -> float | None:
         """Estimated seconds of a target pass over m tokens: measured, else a linear fit."""
@@ -116,14 +126,14 @@ class AutoPolicy:
         slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var)
         return max(1e-9, mean_y + slope * (m - mean_x))
 
-    def expected_rate(self, k: int) -> float | None:
+    def expected_rate(self, k: int, optimistic: bool = False) -> float | None:
         """Expected tokens per second of a cycle of k guesses."""
         verify = self.pass_time(k + 1)
         if verify is None or (k and self._draft_step.value is None):
             return None
         tokens, chain = 1.0, 1.0
         for i in range(1, k + 1):
-            chain *= self.acceptance(i)
+            chain *= self.acceptance(i, optimistic)
             tokens += chain
         cost = verify + k * (self._draft_step.value or 0.0) + (self._overhead.value or 0.0)
         return tokens / cost
@@ -133,15 +143,32 @@ class AutoPolicy:
         known = {k: r for k, r in rates.items() if r is not None}
         return max(known, key=known.__getitem__) if known else None
 
+    def could_pay(self) -> bool:
+        """Whether speculation might beat plain decoding if acceptance is as high as it may be."""
+        plain = self.expected_rate(0)
+        if plain is None:
+            return True
+        rates = (self.expected_rate(k, optimistic=True) for k in range(1, self.max_k + 1))
+        return any(rate is None or rate > plain for rate in rates)
+
     # -- the policy interface ----------------------------------------------------------------
     def draft_length(self) -> int:
         self._cycles += 1
         if self._warmup:
             choice = self._warmup.pop(0)
         else:
-            best = self.best_k()
+            if self._best is None or self._cycles % 4 == 0 or self.last_choice:
+                self._best = self.best_k()  # refreshed every few plain steps: it is costly
+            best = self._best
             choice = self.last_choice if best is None else best
-            if self._cycles >= self._next_probe:
+            due = self._cycles >= self._next_probe
+            if due and best == 0 and not self._skipped and not self.could_pay():
+                # Not even the most optimistic acceptance would pay at the measured costs: skip
+                # this probe, and probe much later in case the device or the text changes.
+                self._skipped = True
+                self._next_probe = self._cycles + 8 * self.probe_every
+            elif due:
+                self._skipped = False
                 choice = self._neighbour(choice)
                 # A probe costs time where it is not the best choice: space probes out while
                 # they keep confirming the same choice, and tighten again when it moves.
