@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from macspec.drafters import Draft, Drafter
 from macspec.sampling import SamplingParams
+from macspec.stats import Ema
 
 
 @dataclass(frozen=True)
@@ -173,20 +174,6 @@ class LookupDrafter:
         return Draft(tokens=found.tokens if found else [], q=None, source=self.name)
 
 
-class _Average:
-    """A decayed running mean that is None until its first sample."""
-
-    def __init__(self, weight: float):
-        self.weight = weight
-        self.value: float | None = None
-
-    def add(self, sample: float) -> None:
-        if self.value is None:
-            self.value = sample
-        else:
-            self.value += self.weight * (sample - self.value)
-
-
 @dataclass
 class _Pending:
     """The last cycle's guesses, scored once the next context shows what the target kept."""
@@ -243,7 +230,7 @@ class HybridDrafter:
         self.min_guess = min_guess
         """... and this many ids of continuation."""
         self.probe_every = probe_every
-        self.kept = {"lookup": _Average(weight), "model": _Average(weight)}
+        self.kept = {"lookup": Ema(weight), "model": Ema(weight)}
         """Guesses kept per cycle on contexts with a long match, by source."""
         self._long_matches = 0
         self._pending: _Pending | None = None

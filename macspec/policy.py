@@ -13,6 +13,7 @@ from typing import Protocol
 
 from macspec.errors import MacspecError
 from macspec.events import Cycle
+from macspec.stats import Ema
 
 
 class DraftPolicy(Protocol):
@@ -45,20 +46,6 @@ class FixedPolicy:
         pass
 
 
-class _Ema:
-    """An exponential moving average that is None until its first sample."""
-
-    def __init__(self, weight: float):
-        self.weight = weight
-        self.value: float | None = None
-
-    def add(self, sample: float) -> None:
-        if self.value is None:
-            self.value = sample
-        else:
-            self.value += self.weight * (sample - self.value)
-
-
 class AutoPolicy:
     """Cost-aware draft length with a confidence stop.
 
@@ -84,9 +71,9 @@ class AutoPolicy:
         # Acceptance by position: decayed counts of guesses reached and kept (Beta(1, 1) prior).
         self._reached = [0.0] * (max_k + 1)
         self._kept = [0.0] * (max_k + 1)
-        self._pass_time = {m: _Ema(0.3) for m in range(1, max_k + 2)}
-        self._draft_step = _Ema(0.3)
-        self._overhead = _Ema(0.3)
+        self._pass_time = {m: Ema(0.3) for m in range(1, max_k + 2)}
+        self._draft_step = Ema(0.3)
+        self._overhead = Ema(0.3)
         self._cycles = 0
         self._warmup = [start_k, 0]  # one pass of each shape before trusting the model
         self.last_choice = start_k

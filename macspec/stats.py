@@ -109,3 +109,18 @@ def summary_line(stats: Stats, finish_reason: str) -> str:
     parts.append(f"ttft {stats.ttft_s:.2f}s")
     parts.append(finish_reason)
     return " · ".join(parts)
+
+
+class Ema:
+    """An exponential moving average that is None until its first sample."""
+
+    def __init__(self, weight: float):
+        self.weight = weight
+        """How much a new sample moves the average (0..1)."""
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        if self.value is None:
+            self.value = sample
+        else:
+            self.value += self.weight * (sample - self.value)
