@@ -30,13 +30,13 @@ from macspec.bench_theory import (
     CostCurve,
 )
 from macspec.cached import CachedModel
-from macspec.drafters import ModelDrafter
 from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.events import Cycle, Done, Token
 from macspec.loader import LoadedModels
 from macspec.policy import DraftPolicy, make_policy
 from macspec.sampling import SamplingParams
+from macspec.setup import DRAFT_SOURCES, make_drafter
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,9 @@ class BenchSettings:
     the curve keeps their median."""
     warmup: bool = True
     """Run every configuration once, untimed, on a few ids before measuring."""
+    draft_source: str = "model"
+    """Where macspec's guesses come from ('model', 'lookup', 'hybrid'); mlx-lm's are always
+    its draft model's, and the draft model still times the cost curve."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 2:
@@ -79,6 +82,10 @@ class BenchSettings:
             )
         if not self.ks or any(k < 1 for k in self.ks):
             raise MacspecError(f"--k needs positive draft lengths, got {list(self.ks)}")
+        if self.draft_source not in DRAFT_SOURCES:
+            raise MacspecError(
+                f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}"
+            )
         if self.curve_max_m < max(self.ks) + 1:
             raise MacspecError("the cost curve must reach k + 1 ids for every k")
 
@@ -156,7 +163,7 @@ class Runner:
         # A fresh engine per run, as stream_generate makes fresh caches: no reuse between runs.
         drafter, policy = None, None
         if config.draft is not None:
-            drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+            drafter = make_drafter(self.settings.draft_source, loaded)
             if config.draft == "auto-warm":
                 policy = self._warm_policies.setdefault(config, make_policy("auto"))
             else:

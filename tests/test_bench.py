@@ -305,6 +305,20 @@ def bench_args(folders, *extra: str) -> list[str]:
     ]
 
 
+@pytest.mark.parametrize("source", ["lookup", "hybrid"])
+def test_macspec_can_draft_by_lookup_or_hybrid_and_stays_lossless(folders, capsys, source):
+    assert main(bench_args(folders, "--json", "--draft", source)) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["models"]["macspec_draft_source"] == source
+    assert out["settings"]["draft_source"] == source
+    assert out["lossless"] and all(row["lossless"] for row in out["lossless"])
+
+
+def test_an_unknown_draft_source_is_a_user_error(folders, capsys):
+    assert main(bench_args(folders, "--draft", "crystal-ball")) == 2
+    assert "--draft must be one of" in capsys.readouterr().err
+
+
 def test_json_has_every_configuration_and_figure(folders, capsys):
     assert main(bench_args(folders, "--json", "--repeats", "2")) == 0
     out = json.loads(capsys.readouterr().out)

@@ -192,7 +192,8 @@ def render(rep: Report, console: Console) -> None:
     result = rep.result
     s = result.settings
     console.print(
-        f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}; "
+        f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
+        f" (macspec drafts by {rep.models.get('macspec_draft_source', 'model')}); "
         f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
         f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s",
         highlight=False,
@@ -243,6 +244,7 @@ def bench(
         float, typer.Option("--temp", help="The sampling temperature (T=0 always runs too).")
     ] = 0.7,
     top_p: opt.TopP = 1.0,
+    draft: opt.DraftSource = "model",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled runs.")] = 0,
     repeats: Annotated[int, typer.Option("--repeats", help="Passes over the prompt set.")] = 1,
     k: Annotated[
@@ -285,6 +287,7 @@ def bench(
         auto_warm=not quick,
         curve_max_m=max(8 if quick else 16, max(ks) + 1),
         curve_repeats=3 if quick else 7,
+        draft_source=draft,
     )
     chosen = (
         prompt_sets.load_prompts(prompts)
@@ -316,6 +319,7 @@ def bench(
     models = {
         "target": resolved.target_name,
         "draft": resolved.draft_name,
+        "macspec_draft_source": draft,
         "target_path": str(resolved.target),
         "draft_path": str(resolved.draft),
         "pair": resolved.pair.name if resolved.pair is not None else None,
