@@ -314,6 +314,31 @@ def test_macspec_can_draft_by_lookup_or_hybrid_and_stays_lossless(folders, capsy
     assert out["lossless"] and all(row["lossless"] for row in out["lossless"])
 
 
+def test_the_grounded_prompt_set_quotes_its_input(folders, capsys):
+    target, draft, _ = folders
+    args = [
+        "bench",
+        "--model",
+        str(target),
+        "--draft-model",
+        str(draft),
+        "--quick",
+        "--max-tokens",
+        "4",
+        "--k",
+        "2",
+        "--prompt-set",
+        "grounded",
+        "--json",
+    ]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [p["name"] for p in out["prompts"]]
+    assert names and all(not n.startswith(("chat", "writing")) for n in names)
+    assert main([*args[:-3], "--prompt-set", "nonsense"]) == 2
+    assert "--prompt-set must be one of builtin, grounded" in capsys.readouterr().err
+
+
 def test_an_unknown_draft_source_is_a_user_error(folders, capsys):
     assert main(bench_args(folders, "--draft", "crystal-ball")) == 2
     assert "--draft must be one of" in capsys.readouterr().err

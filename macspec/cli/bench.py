@@ -259,6 +259,14 @@ def bench(
             "--prompts", help='Your prompts: one per line, or JSONL with a "prompt" field.'
         ),
     ] = None,
+    prompt_set: Annotated[
+        str,
+        typer.Option(
+            "--prompt-set",
+            help="Built-in prompts: 'builtin' (chat, code, summary, writing) or 'grounded' "
+            "(edit this code, summarise this text: where --draft lookup shines).",
+        ),
+    ] = "builtin",
     quick: Annotated[
         bool, typer.Option("--quick", help="About a minute: 4 prompts, 32 tokens, k=3.")
     ] = False,
@@ -292,7 +300,7 @@ def bench(
     chosen = (
         prompt_sets.load_prompts(prompts)
         if prompts is not None
-        else (prompt_sets.builtin(quick=quick))
+        else prompt_sets.builtin(quick=quick, name=prompt_set)
     )
     if quick:
         chosen = chosen[:4]

@@ -71,14 +71,66 @@ BUILTIN: tuple[BenchPrompt, ...] = (
     BenchPrompt("writing-poem", "writing", "Write a poem about the first snow of winter."),
 )
 
+_CODE = '''def moving_average(values, window):
+    """Return the averages of each run of `window` consecutive values."""
+    averages = []
+    for start in range(len(values) - window + 1):
+        chunk = values[start:start + window]
+        averages.append(sum(chunk) / window)
+    return averages
+'''
+
+GROUNDED: tuple[BenchPrompt, ...] = (
+    BenchPrompt(
+        "edit-rename",
+        "edit",
+        "Rename `values` to `samples` in this function and return the whole function:\n\n"
+        f"```python\n{_CODE}```",
+    ),
+    BenchPrompt(
+        "edit-docstring",
+        "edit",
+        "Add a line to the docstring saying that `window` must be positive, and return the "
+        f"whole function:\n\n```python\n{_CODE}```",
+    ),
+    BenchPrompt(
+        "edit-typehints",
+        "edit",
+        f"Add type hints to this function and return it:\n\n```python\n{_CODE}```",
+    ),
+    BenchPrompt(
+        "summary-depot",
+        "summary",
+        f"Summarise this news item in three sentences:\n\n{_ARTICLE}",
+    ),
+    BenchPrompt(
+        "rewrite-plain",
+        "summary",
+        f"Rewrite this text in plain words for a ten-year-old:\n\n{_ARTICLE}",
+    ),
+    BenchPrompt(
+        "quote-facts",
+        "summary",
+        f"Quote the two sentences of this text that give money figures:\n\n{_ARTICLE}",
+    ),
+)
+"""Input-grounded prompts (edit this code, summarise this text): where answers repeat their
+context, so prompt lookup drafting (`--draft lookup`) has something to find."""
+
+PROMPT_SETS = {"builtin": BUILTIN, "grounded": GROUNDED}
+
 QUICK_NAMES = ("chat-tea", "code-dedupe", "summary-depot", "writing-lighthouse")
 """One prompt of each kind, for `--quick`."""
 
 
-def builtin(quick: bool = False) -> list[BenchPrompt]:
-    if quick:
-        return [p for p in BUILTIN if p.name in QUICK_NAMES]
-    return list(BUILTIN)
+def builtin(quick: bool = False, name: str = "builtin") -> list[BenchPrompt]:
+    """A built-in set by name ('builtin', 'grounded'); `quick` keeps one prompt of each kind."""
+    if name not in PROMPT_SETS:
+        raise MacspecError(f"--prompt-set must be one of {', '.join(PROMPT_SETS)}, got {name!r}")
+    chosen = PROMPT_SETS[name]
+    if quick and name == "builtin":
+        return [p for p in chosen if p.name in QUICK_NAMES]
+    return list(chosen)
 
 
 def load_prompts(path: Path) -> list[BenchPrompt]:
