@@ -43,6 +43,16 @@ class GenerationConfig:
             raise MacspecError(f"--max-tokens must be >= 1, got {self.max_tokens}")
 
 
+@dataclass
+class _Progress:
+    """Where a generation stands, shared by the loop and its plain stretches."""
+
+    delivered: int = 0
+    """Ids handed to the consumer; on exit the caches keep only those."""
+    decided: int | None = None
+    """A draft length the policy chose ahead, during a plain stretch."""
+
+
 class Engine:
     """A target model, an optional drafter, and their caches, reused across generations."""
 
@@ -78,59 +88,23 @@ class Engine:
         stats.prefill_s = time.perf_counter() - started
 
         context = list(prompt)
-        delivered = 0  # ids handed to the consumer; on exit the caches keep only those
-        decided: int | None = None  # a draft length the policy chose during a plain stretch
+        progress = _Progress()
         try:
-            while delivered < config.max_tokens:
+            while progress.delivered < config.max_tokens:
                 begun = time.perf_counter()
                 if drafter is None:
                     requested = 0
-                elif decided is not None:
-                    requested, decided = decided, None
+                elif progress.decided is not None:
+                    requested, progress.decided = progress.decided, None
                 else:
                     requested = self.policy.draft_length()
                 # The target adds one token of its own: never guess past max_tokens.
-                k = min(requested, config.max_tokens - delivered - 1)
+                k = min(requested, config.max_tokens - progress.delivered - 1)
                 if k <= 0:
-                    # Plain decoding, pipelined as mlx-lm's generate_step: the next step is
-                    # queued before this one's token is read back. Within such a stretch the
-                    # target's cache runs one token ahead of the invariant; `finally` and the
-                    # stretch's last step bring it back.
-                    token = self._plain_step(context[len(target) :], params, keys)
-                    mx.async_eval(token)
-                    while True:
-                        following = None
-                        if delivered + 1 < config.max_tokens:
-                            if drafter is not None:
-                                decided = self.policy.draft_length()
-                            if not decided:
-                                decided = None
-                                following = self._plain_step(token, params, keys)
-                                mx.async_eval(following)
-                        value = token.item()
-                        now = time.perf_counter()
-                        context.append(value)
-                        cycle = Cycle(
-                            requested=requested,
-                            proposed=0,
-                            accepted=0,
-                            draft_s=0.0,
-                            verify_s=now - begun,
-                            overhead_s=0.0,
-                            draft_steps=0,
-                            draft_fed=0,
-                        )
-                        begun = now
-                        if drafter is not None:
-                            self.policy.observe(cycle)
-                        yield cycle
-                        delivered += 1
-                        yield value, Source.TARGET
-                        if following is None:
-                            break
-                        token, requested = following, 0
+                    yield from self._plain_stretch(context, config, keys, progress, requested)
                     continue
 
+                # Draft, verify all guesses in one target pass, accept, roll back.
                 key = keys.next() if keys is not None else None
                 draft = drafter.propose(context, k, params, key, self.policy.confidence_floor)
                 draft = self._cut_at_eos(draft)
@@ -145,8 +119,7 @@ class Engine:
                 n = verdict.accepted
                 target.trim_to(len(context) + n)  # the new token is fed next cycle
                 context += guesses[:n] + [verdict.token]
-                if drafter is not None:
-                    drafter.rollback(len(context) - 1)
+                drafter.rollback(len(context) - 1)
                 cycle = Cycle(
                     requested=requested,
                     proposed=len(guesses),
@@ -158,19 +131,67 @@ class Engine:
                     draft_fed=draft.fed,
                     draft_source=draft.source if guesses else None,
                 )
-                if drafter is not None:
-                    self.policy.observe(cycle)
+                self.policy.observe(cycle)
                 # The record comes first: a consumer that stops mid-cycle has still counted it.
                 yield cycle
                 for i, token in enumerate(guesses[:n] + [verdict.token]):
-                    delivered += 1
+                    progress.delivered += 1
                     yield token, (Source.DRAFT if i < n else Source.TARGET)
         finally:
             # Closed early (EOS, stop string, cancel, Ctrl-C): drop what was not delivered.
-            keep = len(prompt) + delivered - 1
+            keep = len(prompt) + progress.delivered - 1
             target.trim_to(keep)
             if drafter is not None:
                 drafter.rollback(keep)
+
+    def _plain_stretch(
+        self,
+        context: list[int],
+        config: GenerationConfig,
+        keys: KeyStream | None,
+        progress: _Progress,
+        requested: int,
+    ) -> Iterator[Cycle | tuple[int, Source]]:
+        """Plain target steps until the policy wants to draft again (or max_tokens).
+
+        Pipelined as mlx-lm's generate_step: the next step is queued before this one's token
+        is read back. Meanwhile the target's cache runs one token ahead of the invariant; the
+        stretch's last step, or the caller's `finally`, brings it back.
+        """
+        params = config.sampling
+        begun = time.perf_counter()
+        token = self._plain_step(context[len(self.target) :], params, keys)
+        mx.async_eval(token)
+        while True:
+            following = None
+            if progress.delivered + 1 < config.max_tokens:
+                if self.drafter is not None:
+                    progress.decided = self.policy.draft_length() or None
+                if progress.decided is None:
+                    following = self._plain_step(token, params, keys)
+                    mx.async_eval(following)
+            value = token.item()
+            now = time.perf_counter()
+            context.append(value)
+            cycle = Cycle(
+                requested=requested,
+                proposed=0,
+                accepted=0,
+                draft_s=0.0,
+                verify_s=now - begun,
+                overhead_s=0.0,
+                draft_steps=0,
+                draft_fed=0,
+            )
+            begun = now
+            if self.drafter is not None:
+                self.policy.observe(cycle)
+            yield cycle
+            progress.delivered += 1
+            yield value, Source.TARGET
+            if following is None:
+                return
+            token, requested = following, 0
 
     def _plain_step(
         self, ids: list[int] | mx.array, params: SamplingParams, keys: KeyStream | None
