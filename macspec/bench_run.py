@@ -36,7 +36,7 @@ from macspec.events import Cycle, Done, Token
 from macspec.loader import LoadedModels
 from macspec.policy import DraftPolicy, make_policy
 from macspec.sampling import SamplingParams
-from macspec.setup import DRAFT_SOURCES, make_drafter
+from macspec.setup import check_draft_source, make_drafter
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,7 @@ class BenchSettings:
             )
         if not self.ks or any(k < 1 for k in self.ks):
             raise MacspecError(f"--k needs positive draft lengths, got {list(self.ks)}")
-        if self.draft_source not in DRAFT_SOURCES:
-            raise MacspecError(
-                f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {self.draft_source!r}"
-            )
+        check_draft_source(self.draft_source)
         if self.curve_max_m < max(self.ks) + 1:
             raise MacspecError("the cost curve must reach k + 1 ids for every k")
 

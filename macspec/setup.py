@@ -13,6 +13,12 @@ from macspec.policy import make_policy
 DRAFT_SOURCES = ("model", "lookup", "hybrid")
 
 
+def check_draft_source(draft: str) -> None:
+    """`--draft` must name a known source; one line otherwise."""
+    if draft not in DRAFT_SOURCES:
+        raise MacspecError(f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
+
+
 def needs_draft_model(draft: str, no_draft: bool) -> bool:
     """Whether `--draft` / `--no-draft` need a draft model resolved and loaded at all."""
     return not no_draft and draft != "lookup"
@@ -29,8 +35,7 @@ def build_engine(
     `num_draft_tokens` None means the pair's default; `draft` says where guesses come from:
     the draft model, prompt lookup (n-grams of the context, no second model), or both.
     """
-    if draft not in DRAFT_SOURCES:
-        raise MacspecError(f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
+    check_draft_source(draft)
     spec = num_draft_tokens
     if spec is None:
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"

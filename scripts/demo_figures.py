@@ -16,11 +16,11 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from macspec.catalog import resolve_models
-from macspec.drafters import ModelDrafter
 from macspec.engine import Engine, GenerationConfig
 from macspec.loader import load_models
 from macspec.policy import make_policy
 from macspec.sampling import SamplingParams
+from macspec.setup import make_drafter
 from macspec.templates import encode_prompt
 
 HERE = Path(__file__).parent
@@ -58,7 +58,7 @@ def main() -> None:
                 engine = Engine(
                     loaded.target,
                     loaded.tokenizer,
-                    ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size),
+                    make_drafter("model", loaded),
                     make_policy(spec),
                     vocab_size=loaded.vocab_size,
                 )

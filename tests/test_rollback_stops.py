@@ -91,10 +91,8 @@ def test_caches_hold_the_accepted_prefix_after_every_cycle(tok, target, draft):
     assert_cache_is_its_tokens(engine.drafter.state)
 
 
-@pytest.mark.parametrize("stop_after", [1, 3, 7, 12])
-def test_closing_the_generator_mid_run_leaves_consistent_caches(tok, target, draft, stop_after):
-    engine = Engine(target, tok, ModelDrafter(draft), FixedPolicy(4))
-    prompt = tok.encode(PROMPTS[1])
+def consume_then_close(engine: Engine, prompt: list[int], stop_after: int) -> list[int]:
+    """Read `stop_after` tokens, then close the generator as a UI cancel would."""
     seen = []
     gen = engine.generate(prompt, GenerationConfig(max_tokens=40))
     for event in gen:
@@ -103,7 +101,14 @@ def test_closing_the_generator_mid_run_leaves_consistent_caches(tok, target, dra
             if len(seen) == stop_after:
                 break
     gen.close()
-    consumed = prompt + seen
+    return seen
+
+
+@pytest.mark.parametrize("stop_after", [1, 3, 7, 12])
+def test_closing_the_generator_mid_run_leaves_consistent_caches(tok, target, draft, stop_after):
+    engine = Engine(target, tok, ModelDrafter(draft), FixedPolicy(4))
+    prompt = tok.encode(PROMPTS[1])
+    consumed = prompt + consume_then_close(engine, prompt, stop_after)
     assert engine.target.tokens == consumed[:-1]
     assert engine.drafter.state.tokens == consumed[: len(engine.drafter.state.tokens)]
     assert len(engine.drafter.state.tokens) <= len(consumed) - 1
@@ -128,15 +133,7 @@ def test_closing_mid_plain_stretch_drops_the_prefetched_step(
         else Engine(target, tok)
     )
     prompt = tok.encode(PROMPTS[2])
-    seen = []
-    gen = engine.generate(prompt, GenerationConfig(max_tokens=40))
-    for event in gen:
-        if isinstance(event, Token):
-            seen.append(event.id)
-            if len(seen) == stop_after:
-                break
-    gen.close()
-    consumed = prompt + seen
+    consumed = prompt + consume_then_close(engine, prompt, stop_after)
     assert engine.target.tokens == consumed[:-1]
     assert_cache_is_its_tokens(engine.target)
     done = list(engine.generate(consumed, GenerationConfig(max_tokens=10)))[-1]

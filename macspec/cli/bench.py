@@ -193,7 +193,7 @@ def render(rep: Report, console: Console) -> None:
     s = result.settings
     console.print(
         f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
-        f" (macspec drafts by {rep.models.get('macspec_draft_source', 'model')}); "
+        f" (macspec drafts by {s.draft_source}); "
         f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
         f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s",
         highlight=False,
@@ -327,7 +327,6 @@ def bench(
     models = {
         "target": resolved.target_name,
         "draft": resolved.draft_name,
-        "macspec_draft_source": draft,
         "target_path": str(resolved.target),
         "draft_path": str(resolved.draft),
         "pair": resolved.pair.name if resolved.pair is not None else None,
