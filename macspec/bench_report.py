@@ -49,7 +49,11 @@ HOW_COUNTED = {
         "cycle drafts min(k, max_tokens - generated) ids and ends at the first id not from the "
         "draft (or at max_tokens)"
     ),
-    "predicted_speedup": "(1 - a^(k+1)) / ((1 - a) (k c + T(k+1)/T(1)))",
+    "predicted_speedup": (
+        "(1 - a^(k+1)) / ((1 - a) (k c + T(k+1)/T(1))); c: one guess's seconds over a target "
+        "pass of one id (a draft model step; for --draft lookup, the index lookup per id; a "
+        "hybrid is priced as its model)"
+    ),
     "ttft_s": "seconds from the call to the first generated id, prompt processing included",
     "peak_memory_bytes": "mx.get_peak_memory(), reset before each run; the largest run",
 }
@@ -84,8 +88,8 @@ def report(result: BenchResult, prompts: list[BenchPrompt], models: dict[str, An
         prompts=prompts,
         summaries=summaries,
         lossless=summarize_lossless(result.checks),
-        theory=theory_rows(summaries, curve) if curve else [],
-        best=best_k(summaries, curve) if curve else [],
+        theory=theory_rows(summaries, curve, result.settings.draft_source) if curve else [],
+        best=best_k(summaries, curve, result.settings.draft_source) if curve else [],
         models=models,
     )
 
@@ -183,6 +187,8 @@ def to_json(rep: Report) -> dict[str, Any]:
             "relative": list(curve.relative),
             "draft_s": curve.draft_s,
             "draft_cost": curve.draft_cost,
+            "lookup_s": curve.lookup_s,
+            "lookup_cost": curve.lookup_cost,
         },
         "theory": [{**asdict(t), "config": t.config.label} for t in rep.theory],
         "best_k": [asdict(b) for b in rep.best],

@@ -34,6 +34,7 @@ from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.events import Cycle, Done, Token
 from macspec.loader import LoadedModels
+from macspec.lookup import LookupDrafter
 from macspec.policy import DraftPolicy, make_policy
 from macspec.sampling import SamplingParams
 from macspec.setup import check_draft_source, make_drafter
@@ -68,7 +69,7 @@ class BenchSettings:
     """Run every configuration once, untimed, on a few ids before measuring."""
     draft_source: str = "model"
     """Where macspec's guesses come from ('model', 'lookup', 'hybrid'); mlx-lm's are always
-    its draft model's, and the draft model still times the cost curve."""
+    its draft model's. The cost curve times both a draft step and a lookup."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 2:
@@ -244,8 +245,12 @@ def _median(values: list[float]) -> float:
     return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
+LOOKUP_GUESS = 8
+"""Ids a timed lookup proposes: a cycle's worth."""
+
+
 class CostSampler:
-    """Times target passes over m = 1..max_m ids and draft steps, on warm caches, a round
+    """Times target passes over m = 1..max_m ids, draft steps and lookups, on warm caches, a round
     at a time: the benchmark takes a round between prompts, so the curve sees the same drift
     of the machine as the runs (one burst at the start can catch a busy moment)."""
 
@@ -260,6 +265,10 @@ class CostSampler:
         self.draft.prefill(list(prompt_ids))
         self.target_s: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
         self.draft_s: list[float] = []
+        # Prompt lookup on the prompt plus a repeat of its start, so every lookup finds a match
+        self.lookup = LookupDrafter()
+        self.lookup_context = [*prompt_ids, *prompt_ids[:LOOKUP_GUESS]]
+        self.lookup_s: list[float] = []
         self.rounds = 0
         self.round(keep=False)  # the first round warms up and is dropped
 
@@ -284,10 +293,26 @@ class CostSampler:
             elapsed = self._time(self.draft, 1)
             if keep:
                 self.draft_s.append(elapsed)
+            elapsed = self._time_lookup()
+            if keep:
+                self.lookup_s.append(elapsed)
         self.rounds += keep
 
+    def _time_lookup(self) -> float:
+        """Seconds per proposed id of one lookup, the context re-indexed from scratch each time
+        so the timing includes the index upkeep a cycle pays (up to k ids appended)."""
+        self.lookup.start(self.lookup_context[:-LOOKUP_GUESS])
+        started = time.perf_counter()
+        found = self.lookup.match(self.lookup_context, LOOKUP_GUESS)
+        elapsed = time.perf_counter() - started
+        return elapsed / max(1, len(found.tokens) if found else 0)
+
     def curve(self) -> CostCurve:
-        return CostCurve(tuple(_median(t) for t in self.target_s.values()), _median(self.draft_s))
+        return CostCurve(
+            tuple(_median(t) for t in self.target_s.values()),
+            _median(self.draft_s),
+            _median(self.lookup_s),
+        )
 
 
 def measure_cost_curve(

@@ -1,5 +1,8 @@
 """What the theory predicts from this device's verify cost, next to what `macspec bench`
-measured: (1 - a^(k+1)) / ((1 - a)(k c + T(k+1)/T(1))). Pure functions, as in bench.py."""
+measured: (1 - a^(k+1)) / ((1 - a)(k c + T(k+1)/T(1))). Pure functions, as in bench.py.
+
+c, the cost of one guess, depends on where guesses come from: a draft model's step, or, for
+prompt lookup, an index lookup that runs no forward pass at all."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from macspec.bench import MACSPEC, BenchConfig, ConfigSummary, ratio
+from macspec.bench import MACSPEC, MLX_LM, BenchConfig, ConfigSummary, ratio
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,8 @@ class CostCurve:
     """target_s[m - 1]: median seconds of a target pass over m ids on a warm cache."""
     draft_s: float
     """Median seconds of one draft step (a pass over 1 id)."""
+    lookup_s: float = 0.0
+    """Median seconds of prompt lookup per id it proposed (an n-gram index lookup)."""
 
     @property
     def relative(self) -> tuple[float, ...]:
@@ -28,6 +33,19 @@ class CostCurve:
     def draft_cost(self) -> float:
         """c: a draft step over a target pass of one id."""
         return self.draft_s / self.target_s[0]
+
+    @property
+    def lookup_cost(self) -> float:
+        """c for prompt lookup: its seconds per guessed id over a target pass of one id."""
+        return self.lookup_s / self.target_s[0]
+
+    def guess_cost(self, config: BenchConfig, draft_source: str) -> float:
+        """The c of a configuration: mlx-lm always drafts with its model; macspec by
+        `draft_source`. A hybrid is priced as its model (an upper bound: it asks the model
+        whenever no long lookup match exists)."""
+        if config.tool != MLX_LM and draft_source == "lookup":
+            return self.lookup_cost
+        return self.draft_cost
 
 
 def predicted_tokens_per_pass(a: float, k: int) -> float:
@@ -57,6 +75,8 @@ class TheoryRow:
     config: BenchConfig
     alpha: float
     """judged_acceptance of the runs."""
+    c: float
+    """The cost of one guess the prediction used (CostCurve.guess_cost)."""
     predicted_tokens_per_pass: float
     measured_tokens_per_pass: float | None
     predicted_speedup: float
@@ -64,21 +84,23 @@ class TheoryRow:
     """Median of the paired speedups."""
 
 
-def theory_rows(summaries: Sequence[ConfigSummary], curve: CostCurve) -> list[TheoryRow]:
+def theory_rows(
+    summaries: Sequence[ConfigSummary], curve: CostCurve, draft_source: str = "model"
+) -> list[TheoryRow]:
     rows = []
     for s in summaries:
         k = s.config.k
         if k is None or s.judged_acceptance is None or k >= len(curve.relative):
             continue
+        c = curve.guess_cost(s.config, draft_source)
         rows.append(
             TheoryRow(
                 config=s.config,
                 alpha=s.judged_acceptance,
+                c=c,
                 predicted_tokens_per_pass=predicted_tokens_per_pass(s.judged_acceptance, k),
                 measured_tokens_per_pass=s.tokens_per_pass,
-                predicted_speedup=predicted_speedup(
-                    s.judged_acceptance, k, curve.draft_cost, curve.relative
-                ),
+                predicted_speedup=predicted_speedup(s.judged_acceptance, k, c, curve.relative),
                 measured_speedup=s.speedup.median if s.speedup else None,
             )
         )
@@ -100,7 +122,9 @@ class BestK:
     """Its median speedup (1.0 for plain decoding)."""
 
 
-def best_k(summaries: Sequence[ConfigSummary], curve: CostCurve) -> list[BestK]:
+def best_k(
+    summaries: Sequence[ConfigSummary], curve: CostCurve, draft_source: str = "model"
+) -> list[BestK]:
     by_temp: dict[float, list[ConfigSummary]] = defaultdict(list)
     for s in summaries:
         if s.config.tool == MACSPEC and s.config.k is not None:
@@ -111,7 +135,8 @@ def best_k(summaries: Sequence[ConfigSummary], curve: CostCurve) -> list[BestK]:
         alpha = ratio(accepted, accepted + sum(s.rejections for s in group))
         if alpha is None:
             continue
-        k, speedup = predicted_best_k(alpha, curve.draft_cost, curve.relative)
+        c = curve.guess_cost(group[0].config, draft_source)
+        k, speedup = predicted_best_k(alpha, c, curve.relative)
         measured = [(s.speedup.median, s.config.k) for s in group if s.speedup]
         top = max(measured, default=None)
         if top is not None and top[0] <= 1:

@@ -165,6 +165,33 @@ def test_theory_rows_and_best_k_use_judged_acceptance():
     assert best.alpha == 0.5 and best.predicted_k == 2  # k=3 would need T(4)
 
 
+def test_theory_prices_lookup_guesses_by_the_lookup_not_the_draft_model():
+    # CPU-like curve (T(m) = m T(1)) and a draft step of half a target pass
+    curve = CostCurve(target_s=(0.01, 0.02, 0.03, 0.04), draft_s=0.005, lookup_s=1e-5)
+    assert curve.lookup_cost == pytest.approx(0.001)
+    mlx_k2 = BenchConfig(MLX_LM, "2", 0.0)
+    runs = [
+        record(PLAIN0),
+        record(K2, tokens=(1,) * 6, passes=3, proposed=6, accepted=3, rejections=3, first=2),
+        record(mlx_k2, tokens=(1,) * 6, passes=3, proposed=6, accepted=3, rejections=3, first=2),
+    ]
+    by_config = {r.config: r for r in theory_rows(summarize(runs), curve, "lookup")}
+    # macspec drafts by lookup: c is the lookup's; mlx-lm always drafts with its model.
+    assert by_config[K2].c == pytest.approx(0.001)
+    assert by_config[K2].predicted_speedup == pytest.approx(1.75 / (2 * 0.001 + 3))
+    assert by_config[mlx_k2].c == pytest.approx(0.5)
+    assert by_config[mlx_k2].predicted_speedup == pytest.approx(1.75 / (2 * 0.5 + 3))
+    # A hybrid is priced as its draft model (an upper bound).
+    (hybrid,) = [r for r in theory_rows(summarize(runs), curve, "hybrid") if r.config == K2]
+    assert hybrid.c == pytest.approx(0.5)
+    # On a flat (GPU-like) curve free guesses make speculation pay even at modest acceptance
+    flat = CostCurve(target_s=(0.01,) * 4, draft_s=0.005, lookup_s=1e-5)
+    (best,) = best_k(summarize(runs), flat, "lookup")
+    assert best.predicted_k == 3 and best.predicted_speedup == pytest.approx(1.875 / 1.003)
+    (best_model,) = best_k(summarize(runs), flat, "model")
+    assert (best_model.predicted_k, best_model.predicted_speedup) == (0, 1.0)
+
+
 # -- mlx-lm's cycles --------------------------------------------------------------------------
 def test_replay_counts_proposals_from_flags():
     flags = [True, True, False, True, True, True, False, False]
@@ -371,6 +398,8 @@ def test_json_has_every_configuration_and_figure(folders, capsys):
     assert len(out["checks"]) == 4 * 6  # 2 prompts x 2 repeats x 6 pairings
     curve = out["cost_curve"]
     assert len(curve["relative"]) == 8 and curve["relative"][0] == 1.0 and curve["draft_cost"] > 0
+    # a lookup is timed too, and costs far less than a draft model's forward pass
+    assert 0 < curve["lookup_cost"] < curve["draft_cost"]
     assert {t["config"] for t in out["theory"]} == {
         "macspec k=2 T=0",
         "mlx-lm k=2 T=0",

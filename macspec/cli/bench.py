@@ -136,7 +136,9 @@ def curve_table(rep: Report, per_row: int = 8) -> Table:
         table.add_row("ms", *[f"{curve.target_s[m] * 1000:.1f}" for m in band], end_section=True)
     table.caption = (
         f"draft step: {curve.draft_s * 1000:.2f} ms, c = {curve.draft_cost:.2f} of a target "
-        "pass. T(m)/T(1) is about m on a CPU, about 1 up to ~8 ids on Apple GPUs."
+        f"pass; prompt lookup: {curve.lookup_s * 1e6:.1f} us per guessed id, "
+        f"c = {curve.lookup_cost:.4f}. "
+        "T(m)/T(1) is about m on a CPU, about 1 up to ~8 ids on Apple GPUs."
     )
     table.caption_justify = "left"
     return table
@@ -154,6 +156,7 @@ def theory_table(rep: Report) -> Table:
         "config",
         "T",
         "a",
+        "c",
         "tok/pass predicted",
         "measured",
         "speedup predicted",
@@ -165,6 +168,7 @@ def theory_table(rep: Report) -> Table:
             t.config.name,
             f"{t.config.temperature:g}",
             _num(t.alpha),
+            f"{t.c:.3g}",
             _num(t.predicted_tokens_per_pass),
             _num(t.measured_tokens_per_pass),
             _num(t.predicted_speedup) + "x",
