@@ -97,13 +97,28 @@ class Stats:
         }
 
 
+def sources_line(by_source: dict[str, list[int]]) -> str | None:
+    """'lookup 71% of 120, model 40% of 80': acceptance per source of guesses, when guesses
+    came from anything but a draft model alone (None then: the overall figure says it all)."""
+    if not by_source or set(by_source) == {"model"}:
+        return None
+    return ", ".join(
+        f"{name} {accepted / proposed:.0%} of {proposed}"
+        for name, (proposed, accepted) in sorted(by_source.items())
+        if proposed
+    )
+
+
 def summary_line(stats: Stats, finish_reason: str) -> str:
     """The short summary printed after an answer."""
     parts = [f"{stats.generated_tokens} tokens"]
     if stats.decode_tokens_per_s is not None:
         parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
     if stats.acceptance_rate is not None:
-        parts.append(f"acceptance {stats.acceptance_rate:.0%}")
+        sources = sources_line(stats.by_source)
+        parts.append(
+            f"acceptance {stats.acceptance_rate:.0%}" + (f" ({sources})" if sources else "")
+        )
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
     parts.append(f"ttft {stats.ttft_s:.2f}s")

@@ -69,6 +69,8 @@ def tiny_pair(tok, seed: int = 0, noise: float = 0.05, eos_bias: float = 0.0):
     return printable(target, tok, eos_bias), printable(draft, tok, eos_bias)
 
 
-def tiny_engine(tok, target, draft, k: int = 3) -> Engine:
-    """A speculative engine with a fixed draft length (deterministic cycles)."""
-    return Engine(target, tok, ModelDrafter(draft), FixedPolicy(k))
+def tiny_engine(tok, target, draft, k: int = 3, drafter_of=None) -> Engine:
+    """A speculative engine with a fixed draft length (deterministic cycles); `drafter_of`
+    wraps the model drafter (a hybrid drafter, say)."""
+    drafter = ModelDrafter(draft)
+    return Engine(target, tok, drafter_of(drafter) if drafter_of else drafter, FixedPolicy(k))

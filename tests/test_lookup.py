@@ -23,6 +23,7 @@ from macspec.lookup import HybridDrafter, LookupDrafter, NgramIndex
 from macspec.policy import AutoPolicy, FixedPolicy
 from macspec.sampling import SamplingParams
 from macspec.setup import build_engine, make_drafter
+from macspec.stats import Stats, sources_line, summary_line
 
 GREEDY = SamplingParams()
 EOS = 257
@@ -335,3 +336,23 @@ def test_run_draft_lookup(model_folders, capsys):
     record = json.loads(out.out)
     assert record["draft_model"] is None
     assert record["stats"]["by_source"]["lookup"]["proposed"] > 0
+
+
+def test_run_stats_line_gives_lookup_acceptance(model_folders, capsys):
+    target, _ = model_folders
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat"
+    args = ["run", "--model", str(target), "--draft", "lookup", "--raw", "-k", "3", prompt]
+    assert main([*args, "--json", "--max-tokens", "20"]) == 0
+    lookup = json.loads(capsys.readouterr().out)["stats"]["by_source"]["lookup"]
+    rate = lookup["accepted"] / lookup["proposed"]
+    # fixed k and greedy: the same cycles again, now summarised on stderr
+    assert main([*args, "--max-tokens", "20"]) == 0
+    assert f"(lookup {rate:.0%} of {lookup['proposed']})" in capsys.readouterr().err
+
+
+def test_sources_line_names_each_source_unless_a_model_drafted_alone():
+    assert sources_line({}) is None and sources_line({"model": [10, 4]}) is None
+    assert sources_line({"model": [10, 4], "lookup": [8, 6]}) == "lookup 75% of 8, model 40% of 10"
+    stats = Stats(generated_tokens=12, target_passes=6, draft_proposed=8, draft_accepted=6)
+    stats.by_source["lookup"] = [8, 6]
+    assert "acceptance 75% (lookup 75% of 8) · 2.00 tokens/pass" in summary_line(stats, "stop")

@@ -10,8 +10,10 @@ import pytest
 from chatkit import tiny_engine, tiny_pair, tiny_tokenizer
 
 from macspec.catalog import Pair
+from macspec.drafters import ModelDrafter
 from macspec.engine import GenerationConfig
 from macspec.errors import MacspecError
+from macspec.lookup import HybridDrafter
 from macspec.session import ChatModels
 from macspec.store import ModelInfo, Store
 from tui.app import ChatApp, make_app
@@ -33,7 +35,9 @@ def store(tmp_path: Path) -> Store:
     return Store(tmp_path / "chats.db")
 
 
-def build(tok, store, *, max_tokens=40, eos_bias=-1.0, seed=0, loads=None, **kwargs):
+def build(
+    tok, store, *, max_tokens=40, eos_bias=-1.0, seed=0, loads=None, drafter_of=None, **kwargs
+):
     """The app around a fresh tiny pair; returns (app, target, draft)."""
     target, draft = tiny_pair(tok, seed=seed, eos_bias=eos_bias)
 
@@ -46,7 +50,7 @@ def build(tok, store, *, max_tokens=40, eos_bias=-1.0, seed=0, loads=None, **kwa
                           pair.context_length, ("a warning about the other pair",))
 
     app = make_app(
-        tiny_engine(tok, target, draft), tok, store=store, models=MODELS,
+        tiny_engine(tok, target, draft, drafter_of=drafter_of), tok, store=store, models=MODELS,
         config=GenerationConfig(max_tokens=max_tokens), list_pairs=lambda: [OTHER],
         load_pair=load, mask_timings=True, **kwargs,
     )
@@ -101,6 +105,8 @@ async def test_a_turn_streams_into_the_transcript_and_stats(tok, store):
         assert figures.draft_length == 3 and figures.acceptance_history
         assert answer.summary.startswith(f"{stored[1].token_count} tokens")
         assert "acceptance" in answer.summary
+        # guesses came from the draft model alone: no per-source line
+        assert not app.stats_bar.query_one("#sources").display
 
 
 @pytest.mark.asyncio
@@ -268,6 +274,28 @@ async def test_colour_toggle(tok, store):
         await pilot.press("ctrl+t")
         assert not app.colours and "-sources" not in app.classes
         assert answer.query_one(".body").display and not answer.query_one(".spans").display
+
+
+@pytest.mark.asyncio
+async def test_lookup_guesses_show_their_acceptance_by_source(tok, store):
+    def hybrid(model: ModelDrafter) -> HybridDrafter:
+        return HybridDrafter(model, min_ngram=1, min_guess=1)
+
+    app, _, _ = build(tok, store, max_tokens=80, drafter_of=hybrid)
+    async with app.run_test(size=SIZE) as pilot:
+        answer = await ask(pilot, "ab ab ab ab ab ab ab ab")
+        reply = store.get(app.session.conversation_id).messages[-1]
+        by_source = reply.stats["by_source"]
+        assert set(by_source) == {"lookup", "model"}  # a random model repeats itself
+        line = str(app.stats_bar.query_one("#sources").render())
+        assert app.stats_bar.query_one("#sources").display
+        for name, counts in by_source.items():
+            rate = counts["accepted"] / counts["proposed"]
+            assert f"{name} {rate:.0%} of {counts['proposed']}" in line
+            assert f"{name} {rate:.0%} of {counts['proposed']}" in answer.summary
+        # a new chat clears the figures, and the line with them
+        await pilot.press("ctrl+n")
+        assert not app.stats_bar.query_one("#sources").display
 
 
 # -- snapshots (deterministic: greedy, fixed models, timings masked) --------------------------

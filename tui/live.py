@@ -31,6 +31,8 @@ class Figures:
     """Guesses the policy asked for in the latest cycle (0: a plain step)."""
     ttft_s: float | None = None
     """Seconds to the first token; None before it."""
+    by_source: tuple[tuple[str, int, int], ...] = ()
+    """(source, proposed, accepted) per kind of guess ('lookup', 'model'), sorted by name."""
     acceptance_history: tuple[float, ...] = ()
     """Per cycle that proposed guesses: the share kept (for the sparkline)."""
     finished: bool = False
@@ -75,6 +77,7 @@ class LiveFigures:
                 tokens_per_pass=stats.tokens_per_pass,
                 draft_length=self._draft_length,
                 ttft_s=stats.ttft_s if stats.generated_tokens else None,
+                by_source=_by_source(stats),
                 acceptance_history=tuple(self._history),
                 finished=True,
             )
@@ -89,8 +92,13 @@ class LiveFigures:
             tokens_per_pass=stats.tokens_per_pass,
             draft_length=self._draft_length,
             ttft_s=stats.ttft_s if self._first_at is not None else None,
+            by_source=_by_source(stats),
             acceptance_history=tuple(self._history),
         )
+
+
+def _by_source(stats: Stats) -> tuple[tuple[str, int, int], ...]:
+    return tuple((name, p, a) for name, (p, a) in sorted(stats.by_source.items()))
 
 
 def without_timings(stats: Stats) -> Stats:

@@ -7,6 +7,7 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
+from macspec.stats import sources_line
 from tui.live import Figures, figures_line
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -39,7 +40,8 @@ class AcceptanceSparkline(Sparkline):
 
 
 class StatsBar(Vertical):
-    """Two lines: `pair · state · legend`, then `figures ▁▃▅ acceptance per cycle`."""
+    """Two lines: `pair · state · legend`, then `figures ▁▃▅ acceptance per cycle`; a third,
+    acceptance by source of guesses, while guesses come from prompt lookup too."""
 
     COMPONENT_CLASSES = {"stats-bar--draft", "stats-bar--target", "stats-bar--state"}
 
@@ -57,6 +59,7 @@ class StatsBar(Vertical):
             yield Static(id="figures")
             yield Static("acceptance/cycle ", id="sparkline-label")
             yield AcceptanceSparkline([], id="acceptance")
+        yield Static(id="sources")
 
     def on_mount(self) -> None:
         self._render_status()
@@ -104,3 +107,7 @@ class StatsBar(Vertical):
         line = figures_line(figures, self.mask_timings)
         self.query_one("#figures", Static).update(Text(line))
         self.query_one("#acceptance", Sparkline).data = list(figures.acceptance_history)
+        sources = sources_line({name: [p, a] for name, p, a in figures.by_source})
+        widget = self.query_one("#sources", Static)
+        widget.display = sources is not None
+        widget.update(Text(f"guesses kept by source: {sources}" if sources else ""))
