@@ -36,7 +36,6 @@ import ast  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import random  # noqa: E402
-import re  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import sysconfig  # noqa: E402
@@ -136,9 +135,7 @@ def function_pairs(path: Path, root: Path, max_chars: int) -> list[dict]:
         kind = f"method `{owner}.{name}`" if owner else f"function `{name}`"
         prompt = f"Write a Python {kind}: {summary}"
         where = ".".join(x for x in (module, owner, fn.name) if x)
-        params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
-        return {"prompt": prompt, "code": code, "where": where, "doc": doc,
-                "params": [a for a in params if a not in ("self", "cls")]}
+        return {"prompt": prompt, "code": code, "where": where}
 
     visit(tree, None)
     return pairs
@@ -160,95 +157,7 @@ def render(tokenizer_config: dict, prompt: str, answer: str | None = None) -> st
         messages=messages, add_generation_prompt=answer is None, bos_token=BOS, eos_token=EOS)
 
 
-# Grounded tasks: the answer repeats the prompt's text, so the demo target learns to copy from its
-# context, as real chat models do when they edit code or summarise a text (what prompt lookup
-# drafting exploits). Several phrasings each, so the skill is not tied to one wording.
-RENAME_ASKS = ("Rename `{old}` to `{new}` in this function and return the whole function:",
-               "Use the name `{new}` instead of `{old}` in this code:",
-               "Rename the argument `{old}` to `{new}`:")
-STRIP_ASKS = ("Remove the docstring from this function and return it:",
-              "Return this function without its docstring:")
-SUMMARY_ASKS = ("Summarise this text in one sentence:",
-                "Quote the first sentence of this text:",
-                "What does this text say? Answer in one sentence:")
-NEW_NAMES = ("value", "items", "data", "text", "result", "count", "name", "path", "key",
-             "size", "samples", "entries", "source", "target", "options", "limit", "node")
-
-
-def fenced(code: str) -> str:
-    return f"```python\n{code}\n```"
-
-
-def rename_task(pair: dict, rng: random.Random) -> dict | None:
-    """Rename one parameter everywhere in the function (not attributes: `x.old` stays)."""
-    code = pair["code"]
-    olds = [a for a in pair["params"] if len(a) > 1 and len(re.findall(rf"\b{a}\b", code)) > 1]
-    if not olds:
-        return None
-    old = rng.choice(olds)
-    new = rng.choice([n for n in NEW_NAMES if not re.search(rf"\b{n}\b", code)] or ["renamed"])
-    ask = rng.choice(RENAME_ASKS).format(old=old, new=new)
-    answer = re.sub(rf"(?<![\w.]){re.escape(old)}(?!\w)", new, code)
-    return {"prompt": f"{ask}\n\n{fenced(code)}", "code": answer}
-
-
-def strip_task(pair: dict, rng: random.Random) -> dict | None:
-    """The function minus its docstring statement."""
-    code = pair["code"]
-    body = ast.parse(code).body[0].body
-    if len(body) < 2:  # nothing but the docstring
-        return None
-    lines = code.splitlines()
-    answer = "\n".join(lines[: body[0].lineno - 1] + lines[body[0].end_lineno :])
-    return {"prompt": f"{rng.choice(STRIP_ASKS)}\n\n{fenced(code)}", "code": answer}
-
-
-def summary_task(pair: dict, rng: random.Random) -> dict | None:
-    """An extractive one-sentence summary of a docstring: its first sentence, verbatim."""
-    text = pair["doc"].strip()
-    first = " ".join(text.split("\n\n")[0].split())
-    first = re.split(r"(?<=[.!?])\s", first, maxsplit=1)[0]
-    if len(text) < 2 * len(first) or len(first) < 20:
-        return None  # the text must say more than its first sentence
-    return {"prompt": f"{rng.choice(SUMMARY_ASKS)}\n\n{text}", "code": first}
-
-
-GROUNDED_TASKS = {"rename": rename_task, "strip": strip_task, "summary": summary_task}
-
-
-def repeat_tasks(pairs: list[dict], count: int, seed: int) -> list[dict]:
-    """'Repeat this text exactly' over random runs of the corpus's identifiers: a text no model
-    can predict except by copying it from the prompt, which is what teaches copying (an
-    induction mechanism) fastest; the grounded tasks then put it to use."""
-    rng = random.Random(seed)
-    words = sorted({w for p in pairs for w in re.findall(r"[A-Za-z_][A-Za-z_0-9]*", p["code"])})
-    tasks = []
-    for _ in range(count):
-        text = " ".join(rng.choice(words) for _ in range(rng.randint(8, 60)))
-        tasks.append({"prompt": f"Repeat this text exactly:\n\n{text}", "code": text,
-                      "task": "repeat", "where": "-"})
-    return tasks
-
-
-def grounded(pairs: list[dict], seed: int, share: float, every_kind: bool = False) -> list[dict]:
-    """For a `share` of the functions, one grounded task (a random applicable kind) each, or
-    with `every_kind` one of each applicable kind."""
-    rng, tasks = random.Random(seed), []
-    for pair in pairs:
-        if rng.random() >= share:
-            continue
-        for kind in rng.sample(sorted(GROUNDED_TASKS), len(GROUNDED_TASKS)):
-            task = GROUNDED_TASKS[kind](pair, rng)
-            if task is not None:
-                tasks.append({**task, "task": kind, "where": pair["where"]})
-                if not every_kind:
-                    break
-    return tasks
-
-
 def build_corpus(seed: int, max_chars: int, holdout: float) -> tuple[list[dict], list[dict]]:
-    """Write-a-function pairs, shuffled, held-out split first, so grounded tasks made from the
-    held-out functions stay held out too."""
     root = Path(sysconfig.get_paths()["stdlib"])
     pairs, seen = [], set()
     for path in stdlib_files(root):
@@ -402,16 +311,13 @@ def token_losses(logits, tokens, segments):
     return nll, valid.astype(jnp.float32)
 
 
-def train(
-    cfg: ModelConfig, tc: TrainConfig, data, seed: int, teacher=None, init=None, log=print
-):
-    """AdamW training from `init` params or a fresh init. With a teacher (params, cfg), the
-    loss mixes KL to its logits with CE."""
+def train(cfg: ModelConfig, tc: TrainConfig, data, seed: int, teacher=None, log=print):
+    """AdamW training. With a teacher (params, cfg), the loss mixes KL to its logits with CE."""
     import jax
     import jax.numpy as jnp
     import optax
 
-    params = init if init is not None else init_params(cfg, jax.random.PRNGKey(seed))
+    params = init_params(cfg, jax.random.PRNGKey(seed))
     sched = optax.warmup_cosine_decay_schedule(0.0, tc.lr, tc.warmup, tc.steps, tc.lr * 0.1)
     decay_mask = {k: v.ndim == 2 for k, v in params.items()}
     opt = optax.chain(optax.clip_by_global_norm(1.0),
@@ -583,23 +489,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--max-chars", type=int, default=1500, help="skip longer functions")
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--target-steps", type=int, default=1800)
-    ap.add_argument("--copy-steps", type=int, default=800,
-                    help="then train the target on a copy-heavy mix (every grounded kind)")
-    ap.add_argument("--copy-lr", type=float, default=2e-3)
-    ap.add_argument("--repeat-tasks", type=int, default=5000,
-                    help="'repeat this text' conversations in the copy phase")
+    ap.add_argument("--target-steps", type=int, default=1400)
     ap.add_argument("--draft-steps", type=int, default=1000)
     ap.add_argument("--target-lr", type=float, default=2e-3)
     ap.add_argument("--draft-lr", type=float, default=3e-3)
     ap.add_argument("--kl-weight", type=float, default=0.8)
     ap.add_argument("--target-from", type=Path, default=None,
                     help="skip target training: load an earlier run's OUT/target-hf")
-    ap.add_argument("--grounded-share", type=float, default=0.5,
-                    help="share of functions that also get a grounded task (rename, ...)")
     ap.add_argument("--eval-prompts", type=Path, default=None, help="write held-out prompts here")
-    ap.add_argument("--eval-grounded", type=Path, default=None,
-                    help="write held-out grounded prompts here")
     ap.add_argument("--corpus-only", action="store_true", help="stop after the corpus + tokenizer")
     args = ap.parse_args(argv)
     t_start = time.time()
@@ -607,35 +504,25 @@ def main(argv=None) -> int:
 
     # 1-2. corpus and tokenizer
     train_pairs, eval_pairs = build_corpus(args.seed, args.max_chars, holdout=0.05)
-    train_tasks = grounded(train_pairs, args.seed, args.grounded_share)
-    eval_tasks = grounded(eval_pairs, args.seed + 1, 1.0)
     tok_cfg = {"chat_template": CHAT_TEMPLATE}
-    as_text = lambda p: render(tok_cfg, p["prompt"], p["code"])  # noqa: E731
-    train_texts = [as_text(p) for p in train_pairs + train_tasks]
+    train_texts = [render(tok_cfg, p["prompt"], p["code"]) for p in train_pairs]
+    eval_texts = [render(tok_cfg, p["prompt"], p["code"]) for p in eval_pairs]
     tok = train_tokenizer(train_texts, args.vocab_size)
     tok_files = tokenizer_files(tok)
     fits = lambda ids: len(ids) <= args.seq_len + 1  # noqa: E731
     train_ids = [e.ids for e in tok.encode_batch(train_texts) if fits(e.ids)]
-
-    def held_out(items: list[dict]) -> tuple[list[dict], list[list[int]]]:
-        encoded = [tok.encode(as_text(p)).ids for p in items]
-        keep = [i for i, ids in enumerate(encoded) if fits(ids)]
-        return [items[i] for i in keep], [encoded[i] for i in keep]
-
-    eval_pairs, eval_ids = held_out(eval_pairs)
-    eval_tasks, eval_task_ids = held_out(eval_tasks)
+    keep = [i for i, e in enumerate(tok.encode_batch(eval_texts)) if fits(e.ids)]
+    eval_pairs = [eval_pairs[i] for i in keep]
+    eval_ids = [tok.encode(eval_texts[i]).ids for i in keep]
     n_tok = sum(map(len, train_ids))
     chars = sum(map(len, train_texts))
-    log(f"python {sys.version.split()[0]}: {len(train_ids)} train conversations "
-        f"({len(train_tasks)} grounded) / {len(eval_ids)} + {len(eval_task_ids)} held-out, "
-        f"{n_tok} train tokens ({chars / n_tok:.2f} chars/token)")
-    for path, items, fields in ((args.eval_prompts, eval_pairs, ("prompt", "where")),
-                                (args.eval_grounded, eval_tasks, ("prompt", "task", "where"))):
-        if path:
-            with open(path, "w") as f:
-                for p in items:
-                    f.write(json.dumps({k: p[k] for k in fields}) + "\n")
-            log(f"wrote {len(items)} held-out prompts to {path}")
+    log(f"python {sys.version.split()[0]}: {len(train_ids)} train / {len(eval_ids)} held-out "
+        f"conversations, {n_tok} train tokens ({chars / n_tok:.2f} chars/token)")
+    if args.eval_prompts:
+        with open(args.eval_prompts, "w") as f:
+            for p in eval_pairs:
+                f.write(json.dumps({"prompt": p["prompt"], "where": p["where"]}) + "\n")
+        log(f"wrote {len(eval_pairs)} held-out prompts to {args.eval_prompts}")
     if args.corpus_only:
         return 0
 
@@ -657,24 +544,9 @@ def main(argv=None) -> int:
     else:
         target = train(target_cfg, tc, batches(train_ids, args.seq_len, tc.batch_size, args.seed),
                        args.seed, log=log)
-    if args.copy_steps:
-        # Phase 2: the mixed corpus leaves a 4-layer model writing code but barely copying;
-        # a copy-heavy stretch (each function's every grounded kind, plus the write pairs so
-        # the first skill stays) teaches it to repeat its context, as real chat models do.
-        copy_tasks = grounded(train_pairs, args.seed + 2, 1.0, every_kind=True)
-        copy_tasks += repeat_tasks(train_pairs, args.repeat_tasks, args.seed + 2)
-        copy_texts = [as_text(p) for p in train_pairs + copy_tasks]
-        copy_ids = [e.ids for e in tok.encode_batch(copy_texts) if fits(e.ids)]
-        log(f"target, copy phase: {len(copy_tasks)} grounded + {len(train_pairs)} write pairs")
-        cc = TrainConfig(args.copy_steps, args.batch_size, args.copy_lr)
-        copy_data = batches(copy_ids, args.seq_len, cc.batch_size, args.seed + 2)
-        target = train(target_cfg, cc, copy_data, args.seed + 2, init=target, log=log)
-        train_ids = train_ids + copy_ids  # the draft learns from both mixes
     t_target = time.time() - t0
     nll_t = heldout_nll(target, target_cfg, eval_ids, args.seq_len)
-    grounded_t = math.exp(heldout_nll(target, target_cfg, eval_task_ids, args.seq_len))
-    log(f"target: {n_params(target)} params, {t_target:.0f}s, held-out ppl {math.exp(nll_t):.3f}"
-        f" (grounded tasks {grounded_t:.3f})")
+    log(f"target: {n_params(target)} params, {t_target:.0f}s, held-out ppl {math.exp(nll_t):.3f}")
 
     # 4. draft, distilled from the target
     log(f"draft: {draft_cfg}")
@@ -684,17 +556,13 @@ def main(argv=None) -> int:
                   args.seed + 1, teacher=(target, target_cfg), log=log)
     t_draft = time.time() - t0
     nll_d = heldout_nll(draft, draft_cfg, eval_ids, args.seq_len)
-    grounded_d = math.exp(heldout_nll(draft, draft_cfg, eval_task_ids, args.seq_len))
-    log(f"draft: {n_params(draft)} params, {t_draft:.0f}s, held-out ppl {math.exp(nll_d):.3f}"
-        f" (grounded tasks {grounded_d:.3f})")
+    log(f"draft: {n_params(draft)} params, {t_draft:.0f}s, held-out ppl {math.exp(nll_d):.3f}")
 
     # 5. export and check against mlx-lm
     import mlx_lm
 
     figures = {"python": sys.version.split()[0], "train_conversations": len(train_ids),
-               "grounded_train_conversations": len(train_tasks),
                "heldout_conversations": len(eval_ids), "train_tokens": n_tok,
-               "grounded_ppl_fp32": {"target": round(grounded_t, 3), "draft": round(grounded_d, 3)},
                "train_seconds": {"target": round(t_target), "draft": round(t_draft)}}
     models = {}
     check_ids = eval_ids[0]
@@ -736,16 +604,6 @@ def main(argv=None) -> int:
         figures[f"greedy_agreement_{kind}"] = round(rate, 4)
         log(f"greedy agreement draft vs target ({kind}), 20 held-out prompts: {rate:.3f} "
             f"over {n} tokens")
-    # Does the target copy? Its greedy answer to held-out grounded prompts, against the answer
-    exact = {}
-    for task in eval_tasks[:30]:
-        ids = qtok.apply_chat_template([{"role": "user", "content": task["prompt"]}],
-                                       add_generation_prompt=True)
-        answer = qtok.decode([t for t in greedy(models["target"][1], ids, eos, 400) if t != eos])
-        exact.setdefault(task["task"], []).append(answer.strip() == task["code"].strip())
-    figures["grounded_exact_4bit"] = {k: f"{sum(v)}/{len(v)}" for k, v in exact.items()}
-    log(f"held-out grounded tasks answered exactly (4-bit target, greedy): "
-        f"{figures['grounded_exact_4bit']}")
     example = qtok.decode(greedy(models["target"][1], prompts[0], eos, 200))
     figures["example"] = {"prompt": eval_pairs[0]["prompt"], "answer": example}
     log(f"example prompt: {eval_pairs[0]['prompt']}\n--- 4-bit target, greedy:\n{example}")
