@@ -356,3 +356,24 @@ def test_sources_line_names_each_source_unless_a_model_drafted_alone():
     stats = Stats(generated_tokens=12, target_passes=6, draft_proposed=8, draft_accepted=6)
     stats.by_source["lookup"] = [8, 6]
     assert "acceptance 75% (lookup 75% of 8) · 2.00 tokens/pass" in summary_line(stats, "stop")
+
+
+def test_match_origin_script_splits_kept_guesses_by_where_they_were_found(capsys):
+    """scripts/lookup_match_origin.py on the demo pair: a row per grounded prompt, totals add up."""
+    import importlib.util
+
+    from macspec.prompts import GROUNDED
+
+    path = Path(__file__).parents[1] / "scripts" / "lookup_match_origin.py"
+    spec = importlib.util.spec_from_file_location("lookup_match_origin", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--pair", "demo", "-k", "3", "--max-tokens", "40"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines[1:-1]]
+    assert [r[0] for r in rows] == [p.name for p in GROUNDED]
+    total = lines[-1].split()
+    assert total[0] == "all"
+    assert int(total[1]) == sum(int(r[1]) for r in rows)
+    assert int(total[2]) == sum(int(r[2]) for r in rows)
+    assert int(total[1]) + int(total[2]) > 0
