@@ -26,15 +26,12 @@ from macspec.bench import (
     lossless_checks,
     replay_mlx_cycles,
 )
-from macspec.bench_theory import (
-    CostCurve,
-)
-from macspec.cached import CachedModel
+from macspec.bench_cost import CostSampler
+from macspec.bench_theory import CostCurve
 from macspec.engine import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.events import Cycle, Done, Token
 from macspec.loader import LoadedModels
-from macspec.lookup import LookupDrafter
 from macspec.policy import DraftPolicy, make_policy
 from macspec.sampling import SamplingParams
 from macspec.setup import check_draft_source, make_drafter
@@ -233,96 +230,6 @@ class Runner:
             cycles.accepted,
             cycles.rejections,
         )
-
-
-def _filler(prompt_ids: Sequence[int], n: int) -> list[int]:
-    return [prompt_ids[i % len(prompt_ids)] for i in range(n)]
-
-
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-LOOKUP_GUESS = 8
-"""Ids a timed lookup proposes: a cycle's worth."""
-
-
-class CostSampler:
-    """Times target passes over m = 1..max_m ids, draft steps and lookups, on warm caches, a round
-    at a time: the benchmark takes a round between prompts, so the curve sees the same drift
-    of the machine as the runs (one burst at the start can catch a busy moment)."""
-
-    DRAFT_STEPS = 3
-    """Draft steps timed per round (each is short)."""
-
-    def __init__(self, target: nn.Module, draft: nn.Module, prompt_ids: Sequence[int], max_m: int):
-        self.ids = _filler(prompt_ids, max_m)
-        self.target = CachedModel(target, "target model")
-        self.target.prefill(list(prompt_ids))
-        self.draft = CachedModel(draft, "draft model")
-        self.draft.prefill(list(prompt_ids))
-        self.target_s: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
-        self.draft_s: list[float] = []
-        # Prompt lookup on the prompt plus a repeat of its start, so every lookup finds a match
-        self.lookup = LookupDrafter()
-        self.lookup_context = [*prompt_ids, *prompt_ids[:LOOKUP_GUESS]]
-        self.lookup_s: list[float] = []
-        self.rounds = 0
-        self.round(keep=False)  # the first round warms up and is dropped
-
-    def _time(self, model: CachedModel, m: int) -> float:
-        keep = len(model)
-        mx.eval([c.state for c in model.cache])
-        started = time.perf_counter()
-        mx.eval(model.forward(self.ids[:m]))
-        elapsed = time.perf_counter() - started
-        model.trim_to(keep)
-        return elapsed
-
-    def round(self, keep: bool = True) -> None:
-        """One timing of every m (rotated, so no m always follows the same one) and of the draft."""
-        sizes = list(self.target_s)
-        shift = self.rounds % len(sizes)
-        for m in [*sizes[shift:], *sizes[:shift]]:
-            elapsed = self._time(self.target, m)
-            if keep:
-                self.target_s[m].append(elapsed)
-        for _ in range(self.DRAFT_STEPS):
-            elapsed = self._time(self.draft, 1)
-            if keep:
-                self.draft_s.append(elapsed)
-            elapsed = self._time_lookup()
-            if keep:
-                self.lookup_s.append(elapsed)
-        self.rounds += keep
-
-    def _time_lookup(self) -> float:
-        """Seconds per proposed id of one lookup, the context re-indexed from scratch each time
-        so the timing includes the index upkeep a cycle pays (up to k ids appended)."""
-        self.lookup.start(self.lookup_context[:-LOOKUP_GUESS])
-        started = time.perf_counter()
-        found = self.lookup.match(self.lookup_context, LOOKUP_GUESS)
-        elapsed = time.perf_counter() - started
-        return elapsed / max(1, len(found.tokens) if found else 0)
-
-    def curve(self) -> CostCurve:
-        return CostCurve(
-            tuple(_median(t) for t in self.target_s.values()),
-            _median(self.draft_s),
-            _median(self.lookup_s),
-        )
-
-
-def measure_cost_curve(
-    target: nn.Module, draft: nn.Module, prompt_ids: Sequence[int], max_m: int, repeats: int
-) -> CostCurve:
-    """The cost curve from `repeats` rounds taken back to back."""
-    sampler = CostSampler(target, draft, prompt_ids, max_m)
-    for _ in range(repeats):
-        sampler.round()
-    return sampler.curve()
 
 
 def argmax_margin(model: nn.Module, ids: Sequence[int], vocab_size: int | None = None) -> float:

@@ -69,31 +69,22 @@ class LiveFigures:
     def figures(self) -> Figures:
         done = self._done
         if done is not None:  # the engine's exact counts
-            stats = done.stats
-            return Figures(
-                tokens=stats.generated_tokens,
-                decode_tokens_per_s=stats.decode_tokens_per_s,
-                acceptance_rate=stats.acceptance_rate,
-                tokens_per_pass=stats.tokens_per_pass,
-                draft_length=self._draft_length,
-                ttft_s=stats.ttft_s if stats.generated_tokens else None,
-                by_source=_by_source(stats),
-                acceptance_history=tuple(self._history),
-                finished=True,
-            )
-        stats = self._stats
-        if self._first_at is not None:
-            stats.ttft_s = self._first_at - self._started
-            stats.decode_s = (self._last_at or self._first_at) - self._first_at
+            stats, started = done.stats, done.stats.generated_tokens > 0
+        else:
+            stats, started = self._stats, self._first_at is not None
+            if started:
+                stats.ttft_s = self._first_at - self._started
+                stats.decode_s = (self._last_at or self._first_at) - self._first_at
         return Figures(
             tokens=stats.generated_tokens,
             decode_tokens_per_s=stats.decode_tokens_per_s,
             acceptance_rate=stats.acceptance_rate,
             tokens_per_pass=stats.tokens_per_pass,
             draft_length=self._draft_length,
-            ttft_s=stats.ttft_s if self._first_at is not None else None,
+            ttft_s=stats.ttft_s if started else None,
             by_source=_by_source(stats),
             acceptance_history=tuple(self._history),
+            finished=done is not None,
         )
 
 
