@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from macspec.events import Cycle, Done, Token
-from macspec.stats import Stats
+from macspec.stats import Stats, sources_line
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class Figures:
     """Guesses the policy asked for in the latest cycle (0: a plain step)."""
     ttft_s: float | None = None
     """Seconds to the first token; None before it."""
-    by_source: tuple[tuple[str, int, int], ...] = ()
-    """(source, proposed, accepted) per kind of guess ('lookup', 'model'), sorted by name."""
+    sources: str | None = None
+    """Acceptance by source of guesses (`sources_line`); None while a draft model drafts alone."""
     acceptance_history: tuple[float, ...] = ()
     """Per cycle that proposed guesses: the share kept (for the sparkline)."""
     finished: bool = False
@@ -82,14 +82,10 @@ class LiveFigures:
             tokens_per_pass=stats.tokens_per_pass,
             draft_length=self._draft_length,
             ttft_s=stats.ttft_s if started else None,
-            by_source=_by_source(stats),
+            sources=sources_line(stats.by_source),
             acceptance_history=tuple(self._history),
             finished=done is not None,
         )
-
-
-def _by_source(stats: Stats) -> tuple[tuple[str, int, int], ...]:
-    return tuple((name, p, a) for name, (p, a) in sorted(stats.by_source.items()))
 
 
 def without_timings(stats: Stats) -> Stats:

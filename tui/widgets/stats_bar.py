@@ -7,7 +7,6 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Sparkline, Static
 
-from macspec.stats import sources_line
 from tui.live import Figures, figures_line
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -107,7 +106,6 @@ class StatsBar(Vertical):
         line = figures_line(figures, self.mask_timings)
         self.query_one("#figures", Static).update(Text(line))
         self.query_one("#acceptance", Sparkline).data = list(figures.acceptance_history)
-        sources = sources_line({name: [p, a] for name, p, a in figures.by_source})
         widget = self.query_one("#sources", Static)
-        widget.display = sources is not None
-        widget.update(Text(f"guesses kept by source: {sources}" if sources else ""))
+        widget.display = figures.sources is not None
+        widget.update(Text(f"guesses kept by source: {figures.sources or ''}"))
