@@ -21,13 +21,13 @@ import statistics
 import sys
 from pathlib import Path
 
-from macspec.bench import MACSPEC, MLX_LM, BenchConfig, ConfigSummary, summarize
-from macspec.bench_run import BenchSettings, Runner, schedule
-from macspec.catalog import resolve_models
+from macspec.bench.figures import MACSPEC, MLX_LM, BenchConfig, ConfigSummary, summarize
+from macspec.bench.prompts import builtin, load_prompts
+from macspec.bench.runner import BenchSettings, Runner, schedule
 from macspec.errors import MacspecError
-from macspec.loader import load_models
-from macspec.prompts import builtin, load_prompts
-from macspec.templates import encode_prompt
+from macspec.models.catalog import resolve_models
+from macspec.models.loader import load_models
+from macspec.models.templates import encode_prompt
 
 
 def configs(k: int, temperature: float) -> list[BenchConfig]:

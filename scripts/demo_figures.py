@@ -15,13 +15,13 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from macspec.catalog import resolve_models
-from macspec.engine import Engine, GenerationConfig
-from macspec.loader import load_models
-from macspec.policy import make_policy
-from macspec.sampling import SamplingParams
-from macspec.setup import make_drafter
-from macspec.templates import encode_prompt
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import make_policy
+from macspec.engine.sampling import SamplingParams
+from macspec.models.build import make_drafter
+from macspec.models.catalog import resolve_models
+from macspec.models.loader import load_models
+from macspec.models.templates import encode_prompt
 
 HERE = Path(__file__).parent
 

@@ -24,11 +24,11 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-from macspec.catalog import resolve_models
-from macspec.engine import GenerationConfig
-from macspec.events import Done
-from macspec.setup import build_engine
-from macspec.templates import encode_messages
+from macspec.engine.events import Done
+from macspec.engine.loop import GenerationConfig
+from macspec.models.build import build_engine
+from macspec.models.catalog import resolve_models
+from macspec.models.templates import encode_messages
 
 MODULES = (
     "textwrap",

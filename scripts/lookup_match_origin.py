@@ -11,15 +11,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from macspec.catalog import resolve_models
-from macspec.drafters import Draft
-from macspec.engine import Engine, GenerationConfig
-from macspec.events import Cycle, Done
-from macspec.loader import load_models
-from macspec.lookup import LookupDrafter
-from macspec.policy import FixedPolicy
-from macspec.prompts import GROUNDED
-from macspec.templates import encode_prompt
+from macspec.bench.prompts import GROUNDED
+from macspec.engine.drafters import Draft
+from macspec.engine.events import Cycle, Done
+from macspec.engine.lookup import LookupDrafter
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import FixedPolicy
+from macspec.models.catalog import resolve_models
+from macspec.models.loader import load_models
+from macspec.models.templates import encode_prompt
 
 
 class OriginLookup(LookupDrafter):

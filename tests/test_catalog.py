@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from macspec import catalog, home, hub, memory
-from macspec.catalog import load_catalog, resolve_models
 from macspec.errors import MacspecError
+from macspec.models import catalog, home, hub, memory
+from macspec.models.catalog import load_catalog, resolve_models
 
 PAIR = """
 [[pair]]

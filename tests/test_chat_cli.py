@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from macspec.chat.store import ModelInfo, Store
 from macspec.cli import main
-from macspec.policy import FixedPolicy
-from macspec.store import ModelInfo, Store
+from macspec.engine.policy import FixedPolicy
 from tui.app import ChatApp
 
 
@@ -52,7 +52,10 @@ def test_history_lists_and_shows(home, capsys):
     assert [m["role"] for m in shown["messages"]] == ["user", "assistant"]
     answer = shown["messages"][1]
     assert (answer["complete"], answer["finish_reason"], answer["stats"]) == (
-        False, "cancelled", {"x": 1})
+        False,
+        "cancelled",
+        {"x": 1},
+    )
 
 
 @pytest.mark.parametrize(
@@ -77,8 +80,22 @@ def test_chat_passes_flags_to_the_engine_and_session(home, tiny_model_folder, mo
     seen: list[ChatApp] = []
     monkeypatch.setattr(ChatApp, "run", lambda self, **kwargs: seen.append(self))
     folder = str(tiny_model_folder)
-    argv = ["chat", "--model", folder, "--draft-model", folder, "--continue",
-            "--num-draft-tokens", "2", "--max-tokens", "77", "--temp", "0.5", "--seed", "3"]
+    argv = [
+        "chat",
+        "--model",
+        folder,
+        "--draft-model",
+        folder,
+        "--continue",
+        "--num-draft-tokens",
+        "2",
+        "--max-tokens",
+        "77",
+        "--temp",
+        "0.5",
+        "--seed",
+        "3",
+    ]
     assert main(argv) == 0
     (app,) = seen
     session = app.session
@@ -105,14 +122,19 @@ def test_chat_end_to_end_headless(home, tiny_model_folder, monkeypatch):
         await pilot.press("ctrl+q")
 
     monkeypatch.setattr(
-        ChatApp, "run", lambda self, **kw: run(self, headless=True, auto_pilot=script))
+        ChatApp, "run", lambda self, **kw: run(self, headless=True, auto_pilot=script)
+    )
     folder = str(tiny_model_folder)
     argv = ["chat", "--model", folder, "--draft-model", folder, "--max-tokens", "12", "-k", "2"]
     assert main(argv) == 0
     (conversation,) = Store().list_conversations()
     messages = Store().get(conversation.id).messages
     assert [(m.role, m.complete) for m in messages] == [
-        ("user", True), ("assistant", True), ("user", True), ("assistant", True)]
+        ("user", True),
+        ("assistant", True),
+        ("user", True),
+        ("assistant", True),
+    ]
     assert messages[1].token_count and messages[1].models.target == folder
     # The draft is the target itself: every guess is accepted.
     assert messages[1].stats["acceptance_rate"] == 1.0

@@ -94,11 +94,11 @@ def test_lookup_drafting_on_the_demo_target_is_lossless(pair):
     ids as mlx-lm's target-only decoding, with some of lookup's guesses kept."""
     from mlx_lm.generate import generate_step
 
-    from macspec.engine import Engine, GenerationConfig
-    from macspec.events import Done
-    from macspec.lookup import LookupDrafter
-    from macspec.policy import FixedPolicy
-    from macspec.prompts import GROUNDED
+    from macspec.bench.prompts import GROUNDED
+    from macspec.engine.events import Done
+    from macspec.engine.lookup import LookupDrafter
+    from macspec.engine.loop import Engine, GenerationConfig
+    from macspec.engine.policy import FixedPolicy
 
     (model, tok), _ = pair
     engine = Engine(model, tok, LookupDrafter(), FixedPolicy(4))

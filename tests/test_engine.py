@@ -10,10 +10,10 @@ import pytest
 import tiny
 from mlx_lm.generate import generate_step
 
-from macspec.drafters import ModelDrafter
-from macspec.engine import Engine, GenerationConfig
-from macspec.events import Cycle, Done, Source, Token
-from macspec.policy import AutoPolicy, FixedPolicy
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.events import Cycle, Done, Source, Token
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import AutoPolicy, FixedPolicy
 
 EOS = 257
 MAX_TOKENS = 24

@@ -14,16 +14,16 @@ from mlx.utils import tree_map_with_path
 from mlx_lm.generate import generate_step
 from tiny import noisy_copy, random_model, save_model, tokenizer, write_tokenizer
 
-from macspec.catalog import ResolvedModels
 from macspec.cli import main
-from macspec.drafters import Draft, ModelDrafter
-from macspec.engine import Engine, GenerationConfig
+from macspec.engine.drafters import Draft, ModelDrafter
+from macspec.engine.lookup import HybridDrafter, LookupDrafter, NgramIndex
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import AutoPolicy, FixedPolicy
+from macspec.engine.sampling import SamplingParams
+from macspec.engine.stats import Stats, sources_line, summary_line
 from macspec.errors import MacspecError
-from macspec.lookup import HybridDrafter, LookupDrafter, NgramIndex
-from macspec.policy import AutoPolicy, FixedPolicy
-from macspec.sampling import SamplingParams
-from macspec.setup import build_engine, make_drafter
-from macspec.stats import Stats, sources_line, summary_line
+from macspec.models.build import build_engine, make_drafter
+from macspec.models.catalog import ResolvedModels
 
 GREEDY = SamplingParams()
 EOS = 257
@@ -362,7 +362,7 @@ def test_match_origin_script_splits_kept_guesses_by_where_they_were_found(capsys
     """scripts/lookup_match_origin.py on the demo pair: a row per grounded prompt, totals add up."""
     import importlib.util
 
-    from macspec.prompts import GROUNDED
+    from macspec.bench.prompts import GROUNDED
 
     path = Path(__file__).parents[1] / "scripts" / "lookup_match_origin.py"
     spec = importlib.util.spec_from_file_location("lookup_match_origin", path)

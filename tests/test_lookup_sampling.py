@@ -8,13 +8,13 @@ import mlx.core as mx
 import pytest
 from tiny import model_args, noisy_copy, random_model
 
-import macspec.engine
-from macspec.drafters import ModelDrafter
-from macspec.engine import Engine, GenerationConfig
-from macspec.lookup import HybridDrafter, LookupDrafter
-from macspec.policy import FixedPolicy
-from macspec.sampling import SamplingParams, probabilities, sample
-from macspec.verify import Verdict, verify_sampled
+import macspec.engine.loop
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import FixedPolicy
+from macspec.engine.sampling import SamplingParams, probabilities, sample
+from macspec.engine.verify import Verdict, verify_sampled
 
 
 # -- sampling ----------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_sampled_output_has_the_targets_distribution(kind: str, tiny_vocab_targe
 
 def test_the_distribution_check_catches_a_wrong_rule(tiny_vocab_target, monkeypatch):
     model, expected = tiny_vocab_target
-    monkeypatch.setattr(macspec.engine, "verify_sampled", wrong_verify)
+    monkeypatch.setattr(macspec.engine.loop, "verify_sampled", wrong_verify)
     counts, _ = sampled_counts(LookupDrafter(), model, TINY_PROMPT)
     statistic, df = chi_square(counts, expected, SAMPLES)
     assert statistic > df + 4 * (2 * df) ** 0.5, (statistic, df)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from macspec.engine.events import Cycle
+from macspec.engine.policy import AutoPolicy, FixedPolicy, make_policy
 from macspec.errors import MacspecError
-from macspec.events import Cycle
-from macspec.policy import AutoPolicy, FixedPolicy, make_policy
 
 
 def simulate(policy, cycles, acceptance, pass_time, draft_step, seed=0):

@@ -16,12 +16,12 @@ import tiny
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from macspec.drafters import ModelDrafter
-from macspec.engine import Engine, GenerationConfig
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import FixedPolicy
+from macspec.engine.sampling import SamplingParams, probabilities
+from macspec.engine.verify import verify_sampled
 from macspec.errors import MacspecError
-from macspec.policy import FixedPolicy
-from macspec.sampling import SamplingParams, probabilities
-from macspec.verify import verify_sampled
 
 Z_999 = 3.0902  # standard normal quantile for p = 0.001
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from chatkit import tiny_engine, tiny_pair, tiny_tokenizer
 
-from macspec import session as session_module
-from macspec.engine import Engine, GenerationConfig
+from macspec.chat import session as session_module
+from macspec.chat.session import ChatSession, ContextTrimmed
+from macspec.chat.store import ModelInfo, Store
+from macspec.engine.events import Done, Token
+from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
-from macspec.events import Done, Token
-from macspec.session import ChatSession, ContextTrimmed
-from macspec.store import ModelInfo, Store
 
 MODELS = ModelInfo(target="tiny/target", draft="tiny/draft", pair="tiny")
 
@@ -37,8 +37,9 @@ def session_for(tok, store, max_tokens=24, context_length=None, eos_bias=-1.0, *
     target, draft = tiny_pair(tok, eos_bias=eos_bias, **pair_kw)
     engine = tiny_engine(tok, target, draft)
     config = GenerationConfig(max_tokens=max_tokens)
-    chat = ChatSession(engine, tok, store, config=config, context_length=context_length,
-                       models=MODELS)
+    chat = ChatSession(
+        engine, tok, store, config=config, context_length=context_length, models=MODELS
+    )
     return chat, target, draft
 
 
@@ -109,7 +110,9 @@ def test_user_message_is_saved_before_generation(tok, store):
     events = chat.send("saved first")  # nothing generated yet
     stored = store.get(chat.conversation_id).messages
     assert [(m.role, m.content, m.complete) for m in stored] == [
-        ("user", "saved first", True), ("assistant", "", False)]
+        ("user", "saved first", True),
+        ("assistant", "", False),
+    ]
     answer(events)
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from macspec import store as store_module
+from macspec.chat import store as store_module
+from macspec.chat.store import ModelInfo, Store, default_database_path, title_for
 from macspec.errors import MacspecError
-from macspec.store import ModelInfo, Store, default_database_path, title_for
 
 
 def test_database_lives_in_the_macspec_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -64,7 +64,11 @@ def test_messages_and_answers_round_trip(tmp_path: Path):
     assert conversation.summary.models == models
     user, reply = conversation.messages
     assert (user.role, user.content, user.complete, user.token_count) == (
-        "user", "hello there", True, None)
+        "user",
+        "hello there",
+        True,
+        None,
+    )
     assert (reply.role, reply.content, reply.complete) == ("assistant", "hi!", True)
     assert (reply.token_count, reply.finish_reason, reply.stats) == (2, "stop", stats)
     assert reply.models == models

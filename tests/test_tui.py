@@ -9,19 +9,26 @@ from pathlib import Path
 import pytest
 from chatkit import tiny_engine, tiny_pair, tiny_tokenizer
 
-from macspec.catalog import Pair
-from macspec.drafters import ModelDrafter
-from macspec.engine import GenerationConfig
+from macspec.chat.session import ChatModels
+from macspec.chat.store import ModelInfo, Store
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.lookup import HybridDrafter
+from macspec.engine.loop import GenerationConfig
 from macspec.errors import MacspecError
-from macspec.lookup import HybridDrafter
-from macspec.session import ChatModels
-from macspec.store import ModelInfo, Store
+from macspec.models.catalog import Pair
 from tui.app import ChatApp, make_app
 from tui.widgets.transcript import AnswerMessage, Notice, UserMessage
 
 MODELS = ModelInfo(target="tiny/target", draft="tiny/draft", pair="tiny")
-OTHER = Pair(name="other", target="tiny/other", draft="tiny/other-draft", draft_policy=3,
-             context_length=4096, description="Another tiny pair", size_gb=0.0)
+OTHER = Pair(
+    name="other",
+    target="tiny/other",
+    draft="tiny/other-draft",
+    draft_policy=3,
+    context_length=4096,
+    description="Another tiny pair",
+    size_gb=0.0,
+)
 SIZE = (120, 40)
 
 
@@ -46,13 +53,24 @@ def build(
         if loads is not None:
             loads.append(pair.name)
         models = ModelInfo(pair.target, pair.draft, pair.name)
-        return ChatModels(tiny_engine(tok, other_target, other_draft), tok, models,
-                          pair.context_length, ("a warning about the other pair",))
+        return ChatModels(
+            tiny_engine(tok, other_target, other_draft),
+            tok,
+            models,
+            pair.context_length,
+            ("a warning about the other pair",),
+        )
 
     app = make_app(
-        tiny_engine(tok, target, draft, drafter_of=drafter_of), tok, store=store, models=MODELS,
-        config=GenerationConfig(max_tokens=max_tokens), list_pairs=lambda: [OTHER],
-        load_pair=load, mask_timings=True, **kwargs,
+        tiny_engine(tok, target, draft, drafter_of=drafter_of),
+        tok,
+        store=store,
+        models=MODELS,
+        config=GenerationConfig(max_tokens=max_tokens),
+        list_pairs=lambda: [OTHER],
+        load_pair=load,
+        mask_timings=True,
+        **kwargs,
     )
     return app, target, draft
 

@@ -20,14 +20,20 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import Worker, get_current_worker
 
-from macspec.catalog import Pair, resolve_models
-from macspec.engine import Engine, GenerationConfig
+from macspec.chat.session import (
+    ChatModels,
+    ChatSession,
+    ContextTrimmed,
+    downloaded_pairs,
+    open_models,
+)
+from macspec.chat.store import ModelInfo, Store, StoredMessage
+from macspec.engine.events import Done, Token
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.stats import summary_line
 from macspec.errors import MacspecError
-from macspec.events import Done, Token
-from macspec.session import ChatModels, ChatSession, ContextTrimmed, downloaded_pairs, open_models
-from macspec.setup import needs_draft_model
-from macspec.stats import summary_line
-from macspec.store import ModelInfo, Store, StoredMessage
+from macspec.models.build import needs_draft_model
+from macspec.models.catalog import Pair, resolve_models
 from tui.live import LiveFigures, without_timings
 from tui.messages import Chunk, Finished, Noticed, PairFailed, PairLoaded, Rejected
 from tui.widgets.pickers import HistoryPicker, PairPicker

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.message import Message
 
-from macspec.events import Done, Source
-from macspec.session import ChatModels
+from macspec.chat.session import ChatModels
+from macspec.engine.events import Done, Source
 from tui.live import Figures
 
 

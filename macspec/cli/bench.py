@@ -12,15 +12,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from macspec import prompts as prompt_sets
-from macspec.bench import ConfigSummary, LosslessSummary, Spread
-from macspec.bench_report import HOW_COUNTED, Report, plot, report, require_matplotlib, to_json
-from macspec.bench_run import BenchResult, BenchSettings, run_bench
-from macspec.catalog import resolve_models
+from macspec.bench import prompts as prompt_sets
+from macspec.bench.figures import ConfigSummary, LosslessSummary, Spread
+from macspec.bench.report import HOW_COUNTED, Report, plot, report, require_matplotlib, to_json
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.loader import load_models
-from macspec.templates import encode_prompt
+from macspec.models.catalog import resolve_models
 
 NEAR_TIE = 0.05
 """A top-1/top-2 logit gap below this is called a near tie: rounding can flip such an argmax."""
@@ -288,6 +285,10 @@ def bench(
     wasted guesses, time to first token, peak memory, whether greedy output is identical to
     plain decoding, and this device's verify-cost curve with the speedup it predicts.
     """
+    from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
+    from macspec.models.loader import load_models
+    from macspec.models.templates import encode_prompt
+
     ks = parse_ks(k) if k is not None else ((3,) if quick else (2, 3, 4))
     settings = BenchSettings(
         max_tokens=max_tokens if max_tokens is not None else (32 if quick else 128),
@@ -327,7 +328,7 @@ def bench(
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=what)
 
-        result: BenchResult = run_bench(loaded, ids, settings, progress)
+        result = run_bench(loaded, ids, settings, progress)
     models = {
         "target": resolved.target_name,
         "draft": resolved.draft_name,

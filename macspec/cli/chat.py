@@ -12,14 +12,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from macspec.catalog import resolve_models
+from macspec.chat.store import Conversation, ConversationSummary, Store
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.engine import GenerationConfig
-from macspec.sampling import SamplingParams
-from macspec.session import open_models
-from macspec.setup import needs_draft_model
-from macspec.store import Conversation, ConversationSummary, Store
+from macspec.models.catalog import resolve_models
 
 
 @app.command()
@@ -52,6 +48,12 @@ def chat(
     Keys: Enter sends, ctrl+j new line, Esc stops the answer, ctrl+p pairs, ctrl+n new
     chat, ctrl+r past chats, ctrl+t source colours, ctrl+q quits.
     """
+    # MLX and mlx-lm load here, not at import: `macspec --help` and `history` stay instant.
+    from macspec.chat.session import open_models
+    from macspec.engine.loop import GenerationConfig
+    from macspec.engine.sampling import SamplingParams
+    from macspec.models.build import needs_draft_model
+
     if resume is not None and continue_last:
         fail("--resume and --continue both given; pass one of them")
     config = GenerationConfig(

@@ -17,10 +17,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from macspec import hub
-from macspec.catalog import Catalog, Pair, PairStatus, load_catalog, pair_status
 from macspec.cli.app import app, fail
-from macspec.memory import estimate, machine_memory_bytes, usable_memory_bytes
+from macspec.models import hub
+from macspec.models.catalog import Catalog, Pair, PairStatus, load_catalog, pair_status
+from macspec.models.memory import estimate, machine_memory_bytes, usable_memory_bytes
 
 NameArg = Annotated[
     str,

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from macspec.catalog import resolve_models
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.engine import GenerationConfig
-from macspec.events import Done, Token
-from macspec.sampling import SamplingParams
-from macspec.setup import build_engine, needs_draft_model
-from macspec.stats import summary_line
-from macspec.templates import encode_prompt
+from macspec.models.catalog import resolve_models
+
+if TYPE_CHECKING:
+    from macspec.engine.events import Done
 
 
 def read_prompt(prompt: str) -> str:
@@ -50,6 +47,14 @@ def run(
     ] = False,
 ) -> None:
     """Answer one prompt with speculative decoding, streaming the text as it comes."""
+    # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
+    from macspec.engine.events import Done, Token
+    from macspec.engine.loop import GenerationConfig
+    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.stats import summary_line
+    from macspec.models.build import build_engine, needs_draft_model
+    from macspec.models.templates import encode_prompt
+
     text = read_prompt(prompt)
     config = GenerationConfig(
         max_tokens=max_tokens,

@@ -11,8 +11,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from macspec.catalog import Pair
-from macspec.store import ConversationSummary
+from macspec.chat.store import ConversationSummary
+from macspec.models.catalog import Pair
 
 
 class _Picker(ModalScreen):

@@ -19,7 +19,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from macspec.events import Source
+from macspec.engine.events import Source
 
 
 class UserMessage(Static):

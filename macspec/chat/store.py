@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from macspec.errors import MacspecError
-from macspec.home import macspec_home
+from macspec.models.home import macspec_home
 
 DATABASE_FILE = "chats.db"
 

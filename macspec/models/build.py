@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from macspec.catalog import ResolvedModels
-from macspec.drafters import Drafter, ModelDrafter
-from macspec.engine import Engine
+from macspec.engine.drafters import Drafter, ModelDrafter
+from macspec.engine.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.loop import Engine
+from macspec.engine.policy import make_policy
 from macspec.errors import MacspecError
-from macspec.loader import LoadedModels, load_models
-from macspec.lookup import HybridDrafter, LookupDrafter
-from macspec.policy import make_policy
+from macspec.models.catalog import ResolvedModels
+from macspec.models.loader import LoadedModels, load_models
 
 DRAFT_SOURCES = ("model", "lookup", "hybrid")
 

@@ -17,7 +17,8 @@ import mlx.nn as nn
 from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from macspec.bench import (
+from macspec.bench.cost import CostSampler
+from macspec.bench.figures import (
     MACSPEC,
     MLX_LM,
     BenchConfig,
@@ -26,15 +27,14 @@ from macspec.bench import (
     lossless_checks,
     replay_mlx_cycles,
 )
-from macspec.bench_cost import CostSampler
-from macspec.bench_theory import CostCurve
-from macspec.engine import Engine, GenerationConfig
+from macspec.bench.theory import CostCurve
+from macspec.engine.events import Cycle, Done, Token
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import DraftPolicy, make_policy
+from macspec.engine.sampling import SamplingParams
 from macspec.errors import MacspecError
-from macspec.events import Cycle, Done, Token
-from macspec.loader import LoadedModels
-from macspec.policy import DraftPolicy, make_policy
-from macspec.sampling import SamplingParams
-from macspec.setup import check_draft_source, make_drafter
+from macspec.models.build import check_draft_source, make_drafter
+from macspec.models.loader import LoadedModels
 
 
 @dataclass(frozen=True)

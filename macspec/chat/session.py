@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from macspec.catalog import Pair, ResolvedModels, load_catalog, pair_status
-from macspec.engine import Engine, GenerationConfig
+from macspec.chat.store import ModelInfo, Store, title_for
+from macspec.engine.events import Done, Event, Token
+from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
-from macspec.events import Done, Event, Token
-from macspec.setup import build_engine
-from macspec.store import ModelInfo, Store, title_for
-from macspec.templates import encode_messages
+from macspec.models.build import build_engine
+from macspec.models.catalog import Pair, ResolvedModels, load_catalog, pair_status
+from macspec.models.templates import encode_messages
 
 SAVE_EVERY_S = 0.5
 """How often a streaming answer is written to the store (it is always written at its end)."""

@@ -10,9 +10,9 @@ from statistics import median
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.bench_theory import CostCurve
-from macspec.cached import CachedModel
-from macspec.lookup import LookupDrafter
+from macspec.bench.theory import CostCurve
+from macspec.engine.cached import CachedModel
+from macspec.engine.lookup import LookupDrafter
 
 
 def _filler(prompt_ids: Sequence[int], n: int) -> list[int]:

@@ -14,15 +14,15 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.cached import CachedModel
-from macspec.drafters import Draft, Drafter
+from macspec.engine.cached import CachedModel
+from macspec.engine.drafters import Draft, Drafter
+from macspec.engine.events import Cycle, Done, Event, Source, Token
+from macspec.engine.policy import AutoPolicy, DraftPolicy
+from macspec.engine.sampling import KeyStream, SamplingParams, probabilities, sample
+from macspec.engine.stats import Stats
+from macspec.engine.stops import StopScanner
+from macspec.engine.verify import Verdict, verify_greedy, verify_sampled
 from macspec.errors import MacspecError
-from macspec.events import Cycle, Done, Event, Source, Token
-from macspec.policy import AutoPolicy, DraftPolicy
-from macspec.sampling import KeyStream, SamplingParams, probabilities, sample
-from macspec.stats import Stats
-from macspec.stops import StopScanner
-from macspec.verify import Verdict, verify_greedy, verify_sampled
 
 
 @dataclass(frozen=True)

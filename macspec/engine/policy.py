@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from macspec.engine.events import Cycle
+from macspec.engine.stats import Ema
 from macspec.errors import MacspecError
-from macspec.events import Cycle
-from macspec.stats import Ema
 
 
 class DraftPolicy(Protocol):

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from macspec.bench import MACSPEC, MLX_LM, BenchConfig, ConfigSummary, ratio
+from macspec.bench.figures import MACSPEC, MLX_LM, BenchConfig, ConfigSummary, ratio
 
 
 @dataclass(frozen=True)

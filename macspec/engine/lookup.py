@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
-from macspec.drafters import Draft, Drafter
-from macspec.sampling import SamplingParams
-from macspec.stats import Ema
+from macspec.engine.drafters import Draft, Drafter
+from macspec.engine.sampling import SamplingParams
+from macspec.engine.stats import Ema
 
 
 @dataclass(frozen=True)

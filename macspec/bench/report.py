@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from macspec.bench import (
+from macspec.bench.figures import (
     BenchConfig,
     ConfigSummary,
     LosslessSummary,
@@ -19,15 +19,17 @@ from macspec.bench import (
     summarize,
     summarize_lossless,
 )
-from macspec.bench_run import BenchResult
-from macspec.bench_theory import (
+from macspec.bench.theory import (
     BestK,
     TheoryRow,
     best_k,
     theory_rows,
 )
 from macspec.errors import MacspecError
-from macspec.prompts import BenchPrompt
+
+if TYPE_CHECKING:
+    from macspec.bench.runner import BenchResult
+from macspec.bench.prompts import BenchPrompt
 
 HOW_COUNTED = {
     "decode_tokens_per_s": (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from macspec.sampling import sample
+from macspec.engine.sampling import sample
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from macspec import hub
 from macspec.errors import MacspecError
-from macspec.home import config_path, load_config, read_toml, user_catalog_path
-from macspec.memory import MemoryEstimate, estimate, weight_bytes
+from macspec.models import hub
+from macspec.models.home import config_path, load_config, read_toml, user_catalog_path
+from macspec.models.memory import MemoryEstimate, estimate, weight_bytes
 
-SHIPPED_CATALOG = Path(__file__).with_name("models.toml")
+SHIPPED_CATALOG = Path(__file__).parent.parent / "models.toml"
 DEFAULT_PAIR = "demo"
 DRAFT_POLICIES = ("auto",)
 """Named draft-length policies a pair may recommend; an integer means a fixed k instead."""

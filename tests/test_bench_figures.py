@@ -1,21 +1,13 @@
-"""`macspec bench`: the report's arithmetic, mlx-lm's replayed cycles, losslessness, the CLI."""
+"""`macspec bench`'s figures: arithmetic, mlx-lm's replayed cycles, losslessness, planning."""
 
 from __future__ import annotations
 
-import builtins
-import json
-from dataclasses import replace
-from pathlib import Path
-
-import mlx.core as mx
 import pytest
 from mlx_lm import stream_generate
 from mlx_lm.models import llama
 from tiny import model_args, noisy_copy, random_model, save_model, tokenizer
 
-import macspec.bench_run
-import macspec.cli.bench
-from macspec.bench import (
+from macspec.bench.figures import (
     MACSPEC,
     MLX_LM,
     BenchConfig,
@@ -28,8 +20,9 @@ from macspec.bench import (
     summarize,
     summarize_lossless,
 )
-from macspec.bench_run import BenchSettings, plan_configs, schedule
-from macspec.bench_theory import (
+from macspec.bench.prompts import builtin, load_prompts
+from macspec.bench.runner import BenchSettings, plan_configs, schedule
+from macspec.bench.theory import (
     CostCurve,
     best_k,
     predicted_best_k,
@@ -37,9 +30,7 @@ from macspec.bench_theory import (
     predicted_tokens_per_pass,
     theory_rows,
 )
-from macspec.cli import main
 from macspec.errors import MacspecError
-from macspec.prompts import builtin, load_prompts
 
 PLAIN0 = BenchConfig(MACSPEC, None, 0.0)
 MLX0 = BenchConfig(MLX_LM, None, 0.0)
@@ -301,253 +292,3 @@ def test_prompt_files(tmp_path):
         load_prompts(jsonl)
     with pytest.raises(MacspecError, match="no such file"):
         load_prompts(tmp_path / "missing.txt")
-
-
-# -- the command ------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def folders(pair, tmp_path_factory):
-    root = tmp_path_factory.mktemp("bench")
-    target, draft = pair
-    prompts = root / "prompts.txt"
-    prompts.write_text("Hello there\nWrite a poem about snow\n")
-    return save_model(target, root / "target"), save_model(draft, root / "draft"), prompts
-
-
-def bench_args(folders, *extra: str, prompt_file: bool = True) -> list[str]:
-    target, draft, prompts = folders
-    own_prompts = ["--prompts", str(prompts)] if prompt_file else []
-    return [
-        "bench",
-        "--model",
-        str(target),
-        "--draft-model",
-        str(draft),
-        "--quick",
-        "--max-tokens",
-        "6",
-        "--k",
-        "2",
-        *own_prompts,
-        *extra,
-    ]
-
-
-@pytest.mark.parametrize("source", ["lookup", "hybrid"])
-def test_macspec_can_draft_by_lookup_or_hybrid_and_stays_lossless(folders, capsys, source):
-    assert main(bench_args(folders, "--json", "--draft", source)) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["settings"]["draft_source"] == source
-    assert out["lossless"] and all(row["lossless"] for row in out["lossless"])
-
-
-def test_the_grounded_prompt_set_quotes_its_input(folders, capsys):
-    args = bench_args(folders, "--prompt-set", "grounded", "--json", prompt_file=False)
-    assert main(args) == 0
-    out = json.loads(capsys.readouterr().out)
-    names = [p["name"] for p in out["prompts"]]
-    assert names and all(not n.startswith(("chat", "writing")) for n in names)
-    bad = bench_args(folders, "--prompt-set", "nonsense", prompt_file=False)
-    assert main(bad) == 2
-    assert "--prompt-set must be one of builtin, grounded" in capsys.readouterr().err
-
-
-def test_an_unknown_draft_source_is_a_user_error(folders, capsys):
-    assert main(bench_args(folders, "--draft", "crystal-ball")) == 2
-    assert "--draft must be one of" in capsys.readouterr().err
-
-
-def test_json_has_every_configuration_and_figure(folders, capsys):
-    assert main(bench_args(folders, "--json", "--repeats", "2")) == 0
-    out = json.loads(capsys.readouterr().out)
-    labels = {c.label for c in plan_configs(BenchSettings(ks=(2,), auto_warm=False))}
-    assert {c["config"]["label"] for c in out["configs"]} == labels
-    figures = {
-        "decode_tokens_per_s",
-        "speedup",
-        "speedup_of_medians",
-        "acceptance_rate",
-        "judged_acceptance",
-        "tokens_per_pass",
-        "wasted",
-        "ttft_s",
-        "peak_memory_bytes",
-        "passes",
-        "proposed",
-        "accepted",
-        "rejections",
-        "draft_length",
-        "runs",
-    }
-    for entry in out["configs"]:
-        assert figures <= set(entry)
-        assert entry["runs"] == 4 and entry["peak_memory_bytes"] > 0
-        assert entry["decode_tokens_per_s"]["median"] > 0
-        if entry["config"]["k"] == 2 and entry["config"]["temperature"] == 0:
-            assert entry["proposed"] > 0 and entry["acceptance_rate"] is not None
-    assert len(out["runs"]) == 4 * len(labels)
-    assert {r["config"] for r in out["runs"]} == labels
-    # Pooled figures agree with the per-run counts they come from.
-    for entry in out["configs"]:
-        runs = [r for r in out["runs"] if r["config"] == entry["config"]["label"]]
-        assert entry["proposed"] == sum(r["proposed"] for r in runs)
-        assert entry["wasted"] == sum(r["wasted"] for r in runs)
-        assert entry["tokens_per_pass"] == pytest.approx(
-            sum(r["generated_tokens"] for r in runs) / sum(r["passes"] for r in runs)
-        )
-    assert len(out["lossless"]) == 6 and all(g["lossless"] for g in out["lossless"])
-    assert len(out["checks"]) == 4 * 6  # 2 prompts x 2 repeats x 6 pairings
-    curve = out["cost_curve"]
-    assert len(curve["relative"]) == 8 and curve["relative"][0] == 1.0 and curve["draft_cost"] > 0
-    # a lookup is timed too, and costs far less than a draft model's forward pass
-    assert 0 < curve["lookup_cost"] < curve["draft_cost"]
-    assert {t["config"] for t in out["theory"]} == {
-        "macspec k=2 T=0",
-        "mlx-lm k=2 T=0",
-        "macspec k=2 T=0.7",
-        "mlx-lm k=2 T=0.7",
-    }
-    assert len(out["best_k"]) == 2
-    assert out["settings"]["ks"] == [2] and out["settings"]["repeats"] == 2
-    assert [p["name"] for p in out["prompts"]] == ["prompt-1", "prompt-2"]
-    assert "mlx_lm_proposals" in out["how_counted"]
-
-
-def test_a_target_whose_output_differs_is_not_lossless(folders, capsys, monkeypatch):
-    original = macspec.bench_run.Runner._macspec
-
-    def perturbed(self, config, prompt_ids, max_tokens, seed):
-        run = original(self, config, prompt_ids, max_tokens, seed)
-        if config.draft == "2" and config.temperature == 0:
-            tokens = list(run.tokens)
-            tokens[4] = (tokens[4] + 1) % 256
-            run = replace(run, tokens=tuple(tokens))
-        return run
-
-    monkeypatch.setattr(macspec.bench_run.Runner, "_macspec", perturbed)
-    assert main(bench_args(folders, "--json")) == 0
-    out = json.loads(capsys.readouterr().out)
-    groups = {(g["config"], g["reference"]): g for g in out["lossless"]}
-    assert not groups[("macspec k=2 T=0", "macspec plain T=0")]["lossless"]
-    assert groups[("macspec auto T=0", "macspec plain T=0")]["lossless"]
-    bad = [c for c in out["checks"] if not c["identical"]]
-    assert len(bad) == 4 and {c["position"] for c in bad} == {4}
-    assert all(c["margin"] is not None and c["got"] != c["expected"] for c in bad)
-
-
-def test_table_output(folders, capsys):
-    assert main(bench_args(folders)) == 0
-    out = capsys.readouterr().out
-    for text in (
-        "decoding at T=0",
-        "decoding at T=0.7",
-        "mlx-lm k=2",
-        "macspec auto",
-        "lossless at T=0",
-        "verify cost",
-        "theory against measurement",
-    ):
-        assert text in out
-
-
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--k", "0"], "--k must list draft lengths"),
-        (["--k", "two"], "--k must be a comma-separated list"),
-        (["--temp", "0"], "--temp is the sampling temperature"),
-        (["--plot", "out.svg"], "--plot writes a PNG"),
-    ],
-)
-def test_user_errors_are_one_line(folders, capsys, extra, message):
-    assert main(bench_args(folders, *extra)) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1
-
-
-def test_no_draft_is_an_error(folders, capsys):
-    assert main(["bench", "--model", str(folders[0])]) == 2
-    assert "needs a draft model" in capsys.readouterr().err
-
-
-def test_plot_without_matplotlib_fails_before_running(folders, capsys, monkeypatch, tmp_path):
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name.startswith("matplotlib"):
-            raise ImportError(name)
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    monkeypatch.setattr(macspec.cli.bench, "run_bench", lambda *a, **k: pytest.fail("ran"))
-    assert main(bench_args(folders, "--plot", str(tmp_path / "b.png"))) == 2
-    assert "--plot needs matplotlib" in capsys.readouterr().err
-
-
-def test_plot_is_written(folders, capsys, tmp_path):
-    pytest.importorskip("matplotlib")
-    path = tmp_path / "bench.png"
-    assert main(bench_args(folders, "--plot", str(path))) == 0
-    assert path.stat().st_size > 1000
-
-
-def test_peak_memory_is_reset_per_run(pair, tmp_path):
-    target, draft = pair
-    from macspec.loader import load_models
-
-    folder_t, folder_d = save_model(target, tmp_path / "t"), save_model(draft, tmp_path / "d")
-    loaded = load_models(folder_t, folder_d)
-    runner = macspec.bench_run.Runner(loaded, BenchSettings(max_tokens=4))
-    big = mx.zeros((4096, 4096))
-    mx.eval(big)  # a 64 MB peak before the run must not be charged to it
-    del big
-    run = runner.run(PLAIN0, [1, 2, 3], 0, 0)
-    assert 0 < run.peak_memory_bytes < 32e6
-
-
-def test_auto_warm_keeps_its_policy_across_runs(pair, tmp_path, monkeypatch):
-    from macspec.loader import load_models
-
-    target, draft = pair
-    loaded = load_models(save_model(target, tmp_path / "t"), save_model(draft, tmp_path / "d"))
-    runner = macspec.bench_run.Runner(loaded, BenchSettings(max_tokens=6))
-    policies = []
-    original = macspec.bench_run.Engine
-
-    def spy(*args):
-        policies.append(args[3])
-        return original(*args)
-
-    monkeypatch.setattr(macspec.bench_run, "Engine", spy)
-    for config in (BenchConfig(MACSPEC, "auto-warm", 0.0), BenchConfig(MACSPEC, "auto", 0.0)):
-        runner.run(config, [1, 2, 3], 0, 0)
-        runner.run(config, [4, 5, 6], 1, 0)
-    assert policies[0] is policies[1] and policies[2] is not policies[3]
-    assert BenchConfig(MACSPEC, "auto-warm", 0.0).name == "macspec auto-warm"
-
-
-def test_overhead_script_prints_the_goals(folders, capsys):
-    import importlib.util
-
-    path = Path(__file__).parents[1] / "scripts" / "bench_overhead.py"
-    spec = importlib.util.spec_from_file_location("bench_overhead", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    target, draft, prompts = folders
-    argv = [
-        "--model",
-        str(target),
-        "--draft-model",
-        str(draft),
-        "--k",
-        "2",
-        "--max-tokens",
-        "6",
-        "--repeats",
-        "1",
-        "--prompts",
-        str(prompts),
-    ]
-    assert script.main(argv) == 0
-    out = capsys.readouterr().out
-    for text in ("macspec k=2 / mlx-lm k=2 tok/s", "macspec auto / macspec plain", "ms/pass"):
-        assert text in out

@@ -13,8 +13,8 @@ from typing import Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.cached import CachedModel
-from macspec.sampling import SamplingParams, probabilities, sample
+from macspec.engine.cached import CachedModel
+from macspec.engine.sampling import SamplingParams, probabilities, sample
 
 
 @dataclass

@@ -40,7 +40,8 @@ ALLOW_PATTERNS = [
 ]
 """The files a model needs, as mlx-lm's own downloader fetches them."""
 PACKAGE_PREFIX = "package:"
-PACKAGE_ROOT = Path(__file__).resolve().parent
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+"""The installed macspec package: `package:` names are folders inside it."""
 
 
 class NotDownloadedError(MacspecError):

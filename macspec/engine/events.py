@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from macspec.stats import Stats
+from macspec.engine.cycle import Cycle
+from macspec.engine.stats import Stats
+
+__all__ = ["Cycle", "Done", "Event", "Source", "Token"]
 
 
 class Source(str, Enum):
@@ -30,30 +31,6 @@ class Token:
     possible stop string are held back."""
     source: Source
     """Whether an accepted draft guess or the target produced it."""
-
-
-@dataclass(frozen=True)
-class Cycle:
-    """One guess-and-verify cycle (a plain decoding step is a cycle with nothing proposed)."""
-
-    requested: int
-    """Draft length the policy asked for."""
-    proposed: int
-    """Tokens actually drafted (drafting stops early on low confidence or EOS)."""
-    accepted: int
-    """Drafted tokens the target kept."""
-    draft_s: float
-    """Seconds spent drafting."""
-    verify_s: float
-    """Seconds of the target's verify pass and the acceptance rule."""
-    overhead_s: float
-    """Other seconds of the cycle (bookkeeping between passes)."""
-    draft_steps: int
-    """Forward passes the drafter ran."""
-    draft_fed: int
-    """Ids the drafter processed (more than draft_steps when it catches up after plain steps)."""
-    draft_source: str | None = None
-    """Which drafter's guesses these were ('model', 'lookup'); None when nothing was proposed."""
 
 
 @dataclass(frozen=True)

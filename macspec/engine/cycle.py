@@ -1,0 +1,33 @@
+"""The record of one guess-and-verify cycle: what stats count and policies learn from.
+
+Its own module so `stats` (which counts cycles) and `events` (which carries stats in `Done`)
+both build on it without importing each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One guess-and-verify cycle (a plain decoding step is a cycle with nothing proposed)."""
+
+    requested: int
+    """Draft length the policy asked for."""
+    proposed: int
+    """Tokens actually drafted (drafting stops early on low confidence or EOS)."""
+    accepted: int
+    """Drafted tokens the target kept."""
+    draft_s: float
+    """Seconds spent drafting."""
+    verify_s: float
+    """Seconds of the target's verify pass and the acceptance rule."""
+    overhead_s: float
+    """Other seconds of the cycle (bookkeeping between passes)."""
+    draft_steps: int
+    """Forward passes the drafter ran."""
+    draft_fed: int
+    """Ids the drafter processed (more than draft_steps when it catches up after plain steps)."""
+    draft_source: str | None = None
+    """Which drafter's guesses these were ('model', 'lookup'); None when nothing was proposed."""

@@ -1,0 +1,171 @@
+"""The house's layering, enforced: engine <- models <- chat, bench <- cli, tui.
+
+Every import in every module (function-level ones too) is checked against the layer it may
+use, and commands that only read the catalog or the history must not load MLX.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ALLOWED: dict[str, set[str]] = {
+    "engine": {"engine"},
+    "models": {"engine", "models"},
+    "chat": {"engine", "models", "chat"},
+    "bench": {"engine", "models", "bench"},
+    "serve": {"engine", "models", "chat", "serve"},
+    "tune": {"engine", "models", "chat", "tune"},
+    "tui": {"engine", "models", "chat", "tui"},
+    "cli": {"engine", "models", "chat", "bench", "serve", "tune", "cli", "tui"},
+}
+"""The layers each layer may import from (itself included)."""
+UI_LIBRARIES = {"textual"}
+"""Only the TUI (and the CLI that starts it) may import these."""
+
+
+def layer_of(module: str) -> str | None:
+    """'macspec.engine.loop' -> 'engine'; 'tui.app' -> 'tui'; leaf modules -> None."""
+    parts = module.split(".")
+    if parts[0] == "tui":
+        return "tui"
+    if parts[0] != "macspec" or len(parts) == 1:
+        return None
+    if parts[1] == "__main__":
+        return "cli"
+    # Subpackages are layers; the package's own leaf modules (errors, _lazy) serve them all.
+    return parts[1] if (ROOT / "macspec" / parts[1]).is_dir() else None
+
+
+def imported_modules(source: str, module: str) -> list[str]:
+    """Every module a source imports, relative imports resolved against `module`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: -node.level]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            # `from macspec.chat import store` names the submodule macspec.chat.store.
+            found += [name] + [f"{name}.{alias.name}" for alias in node.names]
+    return found
+
+
+def violations(source: str, module: str) -> list[str]:
+    """Imports of `module` that break the layering."""
+    own = layer_of(module)
+    if own is None:
+        return []
+    bad = []
+    for imported in imported_modules(source, module):
+        top = imported.split(".")[0]
+        if top in UI_LIBRARIES and own not in {"tui", "cli"}:
+            bad.append(f"{module} imports {imported} (UI library outside tui/cli)")
+        if top not in {"macspec", "tui"}:
+            continue
+        layer = layer_of(imported)
+        if layer is not None and layer not in ALLOWED[own]:
+            bad.append(f"{module} ({own}) imports {imported} ({layer})")
+    return bad
+
+
+def project_modules() -> list[tuple[str, Path]]:
+    modules = []
+    for package in ("macspec", "tui"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules.append((".".join(parts), path))
+    return modules
+
+
+def test_every_module_is_in_a_known_layer() -> None:
+    for module, _ in project_modules():
+        layer = layer_of(module)
+        assert layer is None or layer in ALLOWED, f"{module}: unknown layer {layer!r}"
+
+
+def test_no_module_imports_a_layer_above_it() -> None:
+    bad = [v for module, path in project_modules() for v in violations(path.read_text(), module)]
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("macspec.engine.loop", "from macspec.chat import store"),
+        ("macspec.engine.stats", "import macspec.models.catalog"),
+        ("macspec.models.loader", "def f():\n    from macspec.bench.runner import run_bench"),
+        ("macspec.chat.session", "from macspec.bench import figures"),
+        ("macspec.chat.session", "from macspec.cli.app import fail"),
+        ("tui.app", "from macspec.cli import run"),
+        ("macspec.engine.loop", "import textual.app"),
+        ("macspec.engine.drafters", "from ..models import hub"),
+    ],
+)
+def test_a_forbidden_import_is_caught(module: str, source: str) -> None:
+    assert violations(source, module)
+
+
+def test_allowed_imports_pass() -> None:
+    assert not violations("from macspec.engine.events import Done", "macspec.chat.session")
+    assert not violations("from macspec.errors import MacspecError", "macspec.engine.loop")
+    assert not violations("from tui.app import make_app", "macspec.cli.chat")
+
+
+LIGHT_COMMANDS = [
+    ["--help"],
+    ["models", "--json"],
+    ["history"],
+    ["rm", "--help"],
+    ["pull", "--help"],
+]
+
+
+@pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=" ".join)
+def test_light_commands_do_not_load_mlx(argv: list[str], tmp_path: Path) -> None:
+    """`macspec --help`, `models`, `history`, `rm` and `pull` start without MLX or mlx-lm."""
+    code = (
+        "import sys\n"
+        "from macspec.cli import main\n"
+        f"status = main({argv!r})\n"
+        "heavy = sorted(m for m in ('mlx', 'mlx_lm', 'textual') if m in sys.modules)\n"
+        "print('HEAVY', ','.join(heavy), 'STATUS', status)\n"
+    )
+    env = {"MACSPEC_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    line = [ln for ln in out.stdout.splitlines() if ln.startswith("HEAVY")]
+    assert line, out.stderr
+    assert line[-1] == "HEAVY  STATUS 0", out.stdout + out.stderr
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "macspec", "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0
+    assert "Usage: macspec" in out.stdout
+
+
+def test_ruff_check_and_format_are_clean() -> None:
+    """CI runs the style checks too: lint findings or unformatted files fail the suite."""
+    for args in (["check", "--quiet", "."], ["format", "--check", "--quiet", "."]):
+        out = subprocess.run(
+            [sys.executable, "-m", "ruff", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, f"ruff {' '.join(args)}:\n{out.stdout}{out.stderr}"
