@@ -9,6 +9,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+import tiny
 from tiny import model_args, noisy_copy, random_model, save_model
 
 import macspec.bench.runner
@@ -277,3 +278,27 @@ def test_overhead_script_prints_the_goals(folders, capsys):
     out = capsys.readouterr().out
     for text in ("macspec k=2 / mlx-lm k=2 tok/s", "macspec auto / macspec plain", "ms/pass"):
         assert text in out
+
+
+def test_a_hybrid_pair_is_benchmarked_with_its_restores_counted(tmp_path, capsys):
+    """Qwen3.5-style target and draft (Gated DeltaNet + attention): macspec speculates, mlx-lm
+    cannot (its rows are left out), and the re-fed ids after restores are reported."""
+    target = tiny.arch_model("qwen3_5", 0, scale=3.0)
+    draft = tiny.noisy_arch_copy(target, 0.05, seed=1)
+    folders = (
+        tiny.save_arch_model(target, tmp_path / "target"),
+        tiny.save_arch_model(draft, tmp_path / "draft"),
+        tmp_path / "prompts.txt",
+    )
+    folders[2].write_text("Hello there\nWrite a poem about snow\n")
+    assert main(bench_args(folders, "--json")) == 0
+    report = json.loads(capsys.readouterr().out)
+    rows = {(r["config"]["tool"], r["config"]["draft"]): r for r in report["configs"]}
+    assert ("mlx-lm", None) in rows and not any(t == "mlx-lm" and d for t, d in rows)
+    spec = rows[("macspec", "2")]
+    assert spec["tokens_per_pass"] > 1 and spec["acceptance_rate"] is not None
+    assert spec["refed"] > 0 and 0 < spec["refed_share"] < 1
+    assert report["lossless"] and all(group["lossless"] for group in report["lossless"])
+    assert main(bench_args(folders)) == 0
+    table = capsys.readouterr().out
+    assert "re-" in table and "fed" in table and "mlx-lm refuses to speculate" in table

@@ -53,6 +53,16 @@ def test_shipped_catalog_has_the_required_pairs(hf_cache):
         "mlx-community/Qwen3-0.6B-4bit": {
             f"mlx-community/Qwen3-{b}-4bit" for b in ("8B", "14B", "32B")
         },
+        # 2026: hybrid (Gated DeltaNet) and sliding-window targets, and lookup-only ones
+        "mlx-community/Qwen3.5-0.8B-4bit": {
+            f"mlx-community/Qwen{b}-4bit"
+            for b in ("3.5-9B", "3.5-27B", "3.5-35B-A3B", "3.6-27B", "3.6-35B-A3B")
+        },
+        "mlx-community/gemma-3-1b-it-4bit": {
+            "mlx-community/gemma-3-12b-it-4bit",
+            "mlx-community/gemma-3-text-27b-it-4bit",
+        },
+        None: {f"mlx-community/gpt-oss-{b}-MXFP4-Q8" for b in ("20b", "120b")},
     }
     for draft, targets in wanted.items():
         assert {p.target for p in pairs.values() if p.draft == draft} == targets

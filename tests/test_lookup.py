@@ -319,7 +319,9 @@ def test_build_engine_hybrid(model_folders):
     assert isinstance(engine.drafter.model, ModelDrafter)
     with pytest.raises(MacspecError, match="needs a draft model"):
         build_engine(resolved(target, None), draft="hybrid")
-    engine, loaded = build_engine(resolved(target, None), no_draft=True, draft="hybrid")
+    with pytest.raises(MacspecError, match="contradict"):
+        build_engine(resolved(target, None), no_draft=True, draft="hybrid")
+    engine, loaded = build_engine(resolved(target, None), no_draft=True)
     assert engine.drafter is None
     assert isinstance(make_drafter("lookup", loaded), LookupDrafter)  # what the bench builds
     with pytest.raises(MacspecError, match="needs a draft model"):

@@ -41,7 +41,7 @@ def folders(tmp_path_factory):
         "draft": tiny.save_model(tiny.noisy_copy(target, 0.01, seed=1), root / "draft"),
         "shifted": tiny.save_model(tiny.random_model(3), root / "shifted", tokenizer_shift=7),
     }
-    # A state-space model: its cache cannot be rolled back.
+    # A state-space model: its cache rolls back by checkpoints, not by trimming.
     args = mamba.ModelArgs(
         model_type="mamba",
         vocab_size=tiny.VOCAB,
@@ -206,9 +206,13 @@ BAD_INPUTS = {
         ["run", "hi", "--model", "{target}", "--draft-model", "{shifted}"],
         "tokenizers differ",
     ),
-    "cache cannot roll back": (
-        ["run", "hi", "--model", "{mamba}", "--draft-model", "{mamba}"],
-        "cannot be rolled back",
+    "draft model asked for, none given": (
+        ["run", "hi", "--model", "{target}", "--draft", "model"],
+        "needs a draft model",
+    ),
+    "no draft and a draft source": (
+        ["run", "hi", "--model", "{target}", "--no-draft", "--draft", "lookup"],
+        "contradict",
     ),
     "empty prompt": (["run", "  ", "--model", "{target}"], "empty"),
     "max tokens 0": (["run", "hi", "--model", "{target}", "--max-tokens", "0"], "--max-tokens"),
@@ -258,3 +262,24 @@ def test_plain_decoding_works_with_a_cache_that_cannot_roll_back(capsys, monkeyp
     )
     assert code == 0, err
     assert json.loads(out)["stats"]["generated_tokens"] <= 5
+
+
+def test_a_recurrent_model_speculates_losslessly(capsys, monkeypatch, folders):
+    """Mamba's cache cannot be trimmed; checkpoints roll it back, so it drafts for itself."""
+    args = ["run", "hi", "--model", folders["mamba"], "--max-tokens", "12", "--json", "-k", "3"]
+    plain = json.loads(invoke(capsys, monkeypatch, *args, "--no-draft")[1])
+    code, out, err = invoke(capsys, monkeypatch, *args, "--draft-model", folders["mamba"])
+    assert code == 0, err
+    spec = json.loads(out)
+    assert spec["tokens"] == plain["tokens"]
+    assert spec["stats"]["draft_proposed"] > 0
+
+
+def test_a_model_alone_drafts_by_lookup_by_default(capsys, monkeypatch, folders):
+    args = ["run", "ab ab ab ab ab ab", "--model", folders["target"], "--max-tokens", "12"]
+    code, out, err = invoke(capsys, monkeypatch, *args, "--json", "-k", "2")
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["drafter"] == "lookup" and record["draft_model"] is None
+    plain = json.loads(invoke(capsys, monkeypatch, *args, "--json", "--no-draft")[1])
+    assert plain["drafter"] is None and plain["tokens"] == record["tokens"]

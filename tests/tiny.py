@@ -131,3 +131,141 @@ def save_model(
 def tokenizer(folder: Path):
     """mlx-lm's TokenizerWrapper for a folder written by save_model or write_tokenizer."""
     return load_tokenizer(folder, eos_token_ids=[257])
+
+
+# -- other architectures: the caches of 2026 (recurrent, hybrid, sliding window) --------------
+
+ARCHITECTURES: dict[str, dict] = {
+    # Qwen3.5: Gated DeltaNet layers (ArraysCache) between full-attention layers (KVCache).
+    "qwen3_5": dict(
+        model_type="qwen3_5",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        full_attention_interval=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        rope_parameters=dict(
+            type="default", rope_theta=10000.0, partial_rotary_factor=0.25, mrope_section=[1, 1, 0]
+        ),
+    ),
+    # Gemma 3: sliding-window layers (RotatingKVCache) with a global layer every other one.
+    "gemma3_text": dict(
+        model_type="gemma3_text",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        sliding_window=12,
+        sliding_window_pattern=2,
+        query_pre_attn_scalar=16,
+        max_position_embeddings=4096,
+    ),
+    # Mamba 2: recurrent state only (ArraysCache), no attention at all.
+    "mamba2": dict(
+        model_type="mamba2",
+        num_heads=4,
+        head_dim=16,
+        hidden_size=64,
+        intermediate_size=128,
+        state_size=16,
+        num_hidden_layers=2,
+        layer_norm_epsilon=1e-5,
+        conv_kernel=4,
+        n_groups=1,
+        use_bias=False,
+        use_conv_bias=True,
+        tie_word_embeddings=True,
+        time_step_limit=(0.0, float("inf")),
+        time_step_rank="auto",
+    ),
+    # LFM2: short convolutions (ArraysCache) and attention.
+    "lfm2": dict(
+        model_type="lfm2",
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        norm_eps=1e-5,
+        conv_bias=False,
+        conv_L_cache=3,
+        block_dim=64,
+        block_multiple_of=16,
+        block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=True,
+        block_ff_dim=128,
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
+    ),
+}
+ARCHITECTURES["qwen3_5_moe"] = dict(
+    ARCHITECTURES["qwen3_5"],
+    model_type="qwen3_5_moe",
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    decoder_sparse_step=1,
+    norm_topk_prob=True,
+)
+
+
+CONFIGS: dict[int, dict] = {}
+"""config.json of each model `arch_model` built, by id (a Module is a dict: no attributes)."""
+
+
+def arch_config(kind: str, vocab: int = VOCAB, **overrides) -> dict:
+    """The config.json of a tiny model of an mlx-lm architecture."""
+    return {**ARCHITECTURES[kind], "vocab_size": vocab, **overrides}
+
+
+def arch_model(kind: str, seed: int, scale: float = 1.0, **overrides) -> nn.Module:
+    """A tiny random model of `kind`, built by mlx-lm's own classes as `mlx_lm.load` does."""
+    from mlx_lm.utils import _get_classes
+
+    config = arch_config(kind, **overrides)
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    model.update(tree_map(lambda w: w * scale if w.ndim == 2 else w, model.parameters()))
+    mx.eval(model.parameters())
+    CONFIGS[id(model)] = config
+    return model
+
+
+def noisy_arch_copy(model: nn.Module, noise: float, seed: int) -> nn.Module:
+    """`noisy_copy` for a model built by `arch_model`: same architecture, weights + noise."""
+    from mlx_lm.utils import _get_classes
+
+    config = CONFIGS[id(model)]
+    model_class, args_class = _get_classes(config)
+    copy = model_class(args_class.from_dict(config))
+    mx.random.seed(seed)
+    copy.update(
+        tree_map(lambda w: w + noise * mx.random.normal(w.shape) * w.std(), model.parameters())
+    )
+    mx.eval(copy.parameters())
+    CONFIGS[id(copy)] = config
+    return copy
+
+
+def save_arch_model(model: nn.Module, folder: Path) -> Path:
+    """Write an mlx-lm folder for a model built by `arch_model` (loads with `mlx_lm.load`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {**CONFIGS[id(model)], "eos_token_id": 257, "bos_token_id": 256}
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    write_tokenizer(folder)
+    return folder

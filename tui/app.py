@@ -332,7 +332,7 @@ class ChatApp(App, inherit_bindings=False):
 
 
 def default_pair_loader(
-    num_draft_tokens: str | None = None, no_draft: bool = False, draft: str = "model"
+    num_draft_tokens: str | None = None, no_draft: bool = False, draft: str | None = None
 ) -> Callable[[Pair], ChatModels]:
     """Loads a catalog pair from disk with the command line's draft settings."""
 

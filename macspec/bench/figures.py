@@ -81,6 +81,11 @@ class RunRecord:
     """Cycles that ended on a rejected guess (the guesses after it were never judged)."""
     peak_memory_bytes: int = 0
     """mx.get_peak_memory() over this run."""
+    fed: int = 0
+    """Ids the target's passes processed after the prompt (macspec only)."""
+    refed: int = 0
+    """Of those, ids fed again after a checkpoint was restored: what rolling back recurrent or
+    wrapped sliding-window caches costs (macspec only; 0 for attention-only targets)."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -217,6 +222,10 @@ class ConfigSummary:
     """Mean guesses per cycle (proposed / passes): k, or what 'auto' settled on."""
     peak_memory_bytes: int
     """The largest per run peak."""
+    refed: int = 0
+    """Ids fed again after checkpoint restores, over all runs."""
+    refed_share: float | None = None
+    """refed over all ids the target's passes processed: the verify work restores added."""
 
 
 def summarize(records: Sequence[RunRecord]) -> list[ConfigSummary]:
@@ -260,6 +269,8 @@ def summarize(records: Sequence[RunRecord]) -> list[ConfigSummary]:
                 wasted=proposed - accepted,
                 draft_length=ratio(proposed, passes),
                 peak_memory_bytes=max(r.peak_memory_bytes for r in runs),
+                refed=sum(r.refed for r in runs),
+                refed_share=ratio(sum(r.refed for r in runs), sum(r.fed for r in runs)),
             )
         )
     return summaries

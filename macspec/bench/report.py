@@ -131,6 +131,8 @@ def _run(record: RunRecord) -> dict[str, Any]:
         "rejections": record.rejections,
         "wasted": record.wasted,
         "peak_memory_bytes": record.peak_memory_bytes,
+        "fed": record.fed,
+        "refed": record.refed,
         "tokens": list(record.tokens),
     }
 

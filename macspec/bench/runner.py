@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm import stream_generate
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from macspec.bench.cost import CostSampler
@@ -85,12 +86,17 @@ class BenchSettings:
             raise MacspecError("the cost curve must reach k + 1 ids for every k")
 
 
-def plan_configs(settings: BenchSettings) -> list[BenchConfig]:
-    """The configurations, greedy first: plain (both tools), mlx-lm at each k, macspec too."""
+def plan_configs(settings: BenchSettings, mlx_lm_speculates: bool = True) -> list[BenchConfig]:
+    """The configurations, greedy first: plain (both tools), mlx-lm at each k, macspec too.
+
+    mlx-lm's speculative rows are left out where it refuses to speculate (a target or draft
+    whose cache it cannot trim: hybrid, recurrent, a sliding window).
+    """
     configs = []
     for temp in (0.0, settings.temperature):
         configs += [BenchConfig(MACSPEC, None, temp), BenchConfig(MLX_LM, None, temp)]
-        configs += [BenchConfig(MLX_LM, str(k), temp) for k in settings.ks]
+        if mlx_lm_speculates:
+            configs += [BenchConfig(MLX_LM, str(k), temp) for k in settings.ks]
         configs += [BenchConfig(MACSPEC, str(k), temp) for k in settings.ks]
         if settings.auto:
             configs.append(BenchConfig(MACSPEC, "auto", temp))
@@ -124,6 +130,10 @@ class Runner:
             raise MacspecError("macspec bench needs a draft model (--pair, or --draft-model)")
         self.loaded = loaded
         self.settings = settings
+        self.mlx_lm_speculates = all(
+            can_trim_prompt_cache(make_prompt_cache(m)) for m in (loaded.target, loaded.draft)
+        )
+        """mlx-lm speculates only where it can trim both caches."""
         self._warm_policies: dict[BenchConfig, DraftPolicy] = {}
         """'auto-warm' policies, one per configuration, kept from run to run."""
 
@@ -152,7 +162,7 @@ class Runner:
         sampling = SamplingParams(temperature=config.temperature, top_p=self.settings.top_p)
         generation = GenerationConfig(max_tokens=max_tokens, sampling=sampling, seed=seed)
         arrivals: list[float] = []
-        passes = proposed = accepted = rejections = first_pass = 0
+        passes = proposed = accepted = rejections = first_pass = fed = refed = 0
         done = None
         started = time.perf_counter()
         # A fresh engine per run, as stream_generate makes fresh caches: no reuse between runs.
@@ -173,6 +183,8 @@ class Runner:
                 proposed += event.proposed
                 accepted += event.accepted
                 rejections += event.accepted < event.proposed
+                fed += event.fed
+                refed += event.refed
             elif isinstance(event, Done):
                 done = event
         elapsed = time.perf_counter() - started
@@ -190,6 +202,8 @@ class Runner:
             proposed,
             accepted,
             rejections,
+            fed=fed,
+            refed=refed,
         )
 
     def _mlx(
@@ -267,7 +281,7 @@ def run_bench(
     """Warm up, measure the cost curve, run the schedule, check losslessness."""
     started = time.perf_counter()
     runner = Runner(loaded, settings)
-    configs = plan_configs(settings)
+    configs = plan_configs(settings, runner.mlx_lm_speculates)
     result = BenchResult(settings, configs, prompt_ids)
     order = schedule(configs, len(prompt_ids), settings.repeats)
     total = len(order) + 1 + (len(configs) if settings.warmup else 0)

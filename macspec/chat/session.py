@@ -270,7 +270,7 @@ def open_models(
     resolved: ResolvedModels,
     num_draft_tokens: str | None = None,
     no_draft: bool = False,
-    draft: str = "model",
+    draft: str | None = None,
 ) -> ChatModels:
     """Load resolved models into an engine (slow: run it off the UI thread)."""
     engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)

@@ -62,7 +62,11 @@ def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
     table.add_column("config", no_wrap=True)
     for name in ("tok/s", "speedup", "accept", "tok/\npass", "wasted", "k", "TTFT\nms", "peak\nMB"):
         table.add_column(name, justify="right", no_wrap=True)
+    refeeds = any(s.refed for s in rows)  # a target that rolls back by restoring checkpoints
+    if refeeds:
+        table.add_column("re-\nfed", justify="right", no_wrap=True)
     for s in rows:
+        refed = [_share(s.refed_share) if s.config.tool == "macspec" else "-"] if refeeds else []
         table.add_row(
             s.config.name,
             _with_iqr(s.decode_tokens_per_s, 1),
@@ -73,7 +77,14 @@ def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
             _num(s.draft_length, 1) if s.config.draft else "-",
             "-" if s.ttft_s is None else f"{s.ttft_s.median * 1000:.0f}",
             f"{s.peak_memory_bytes / 1e6:.0f}",
+            *refed,
         )
+    if refeeds:
+        table.caption = (
+            "re-fed: share of the ids verify passes processed that were fed again after a "
+            "checkpoint restore (recurrent and sliding-window caches roll back that way)"
+        )
+        table.caption_justify = "left"
     return table
 
 
@@ -213,6 +224,13 @@ def render(rep: Report, console: Console) -> None:
         style="dim",
         highlight=False,
     )
+    if not any(c.tool == "mlx-lm" and c.draft for c in result.configs):
+        console.print(
+            "mlx-lm refuses to speculate on this pair (a cache it cannot trim: hybrid, "
+            "recurrent or sliding-window layers), so only its plain decoding runs.",
+            style="dim",
+            highlight=False,
+        )
     console.print(lossless_table(rep, rep.lossless))
     if result.curve is not None:
         console.print(curve_table(rep))

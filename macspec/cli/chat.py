@@ -31,7 +31,7 @@ def chat(
     seed: opt.Seed = None,
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
-    draft: opt.DraftSource = "model",
+    draft: opt.DraftSource = None,
     stop: opt.Stop = None,
     resume: Annotated[
         int | None,

@@ -72,7 +72,7 @@ def _status_rows(statuses: list[PairStatus]) -> list[list[str]]:
     rows = []
     for status in statuses:
         pair, memory = status.pair, status.memory
-        here = [p is not None for p in (status.target_path, status.draft_path)]
+        here = [p is not None for p in (status.target_path, status.draft_path)][: len(pair.members)]
         downloaded = "yes" if all(here) else "partly" if any(here) else "no"
         on_disk = [s for s in (status.target_size_bytes, status.draft_size_bytes) if s is not None]
         mem = _gb(memory.total_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
@@ -149,15 +149,13 @@ def _members(catalog: Catalog, name: str) -> tuple[Pair | None, list[str]]:
     if hub.is_repo_id(name) and name not in catalog.pairs:
         return None, [name]
     pair = catalog.get(name)
-    return pair, list(dict.fromkeys(m for m in (pair.target, pair.draft) if hub.is_repo_id(m)))
+    return pair, list(dict.fromkeys(m for m in pair.members if hub.is_repo_id(m)))
 
 
 def _warn_memory(pair: Pair | None, repos: list[str], download_bytes: int) -> None:
     """Warn on stderr when the pair (or model) will not fit this machine's memory."""
     if pair is not None:
-        configs = [
-            hub.download_config(m) if hub.is_repo_id(m) else None for m in (pair.target, pair.draft)
-        ]
+        configs = [hub.download_config(m) if hub.is_repo_id(m) else None for m in pair.members]
         need = estimate(int(pair.size_gb * 1e9), configs, pair.context_length)
     else:
         need = estimate(download_bytes, [], 0)
@@ -205,7 +203,7 @@ def pull(
     here it does no network work at all.
     """
     pair, repos = _members(load_catalog(), name)
-    for member in (pair.target, pair.draft) if pair else ():
+    for member in pair.members if pair else ():
         if not hub.is_repo_id(member):
             hub.local_model_path(member)  # a missing package or local folder: one line
     if pair is not None and not repos:
@@ -231,7 +229,7 @@ def _kept_for(catalog: Catalog, pair: Pair, repo: str) -> list[str]:
     users = [
         other
         for other in catalog.pairs.values()
-        if other.name != pair.name and repo in (other.target, other.draft)
+        if other.name != pair.name and repo in other.members
     ]
     return [other.name for other in users if pair_status(other).downloaded]
 

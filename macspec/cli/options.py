@@ -36,11 +36,12 @@ NoDraft = Annotated[
     bool, typer.Option("--no-draft", help="Plain decoding with the target alone (for comparison).")
 ]
 DraftSource = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--draft",
         help="Where guesses come from: 'model' (the draft model), 'lookup' (n-grams of the "
-        "context, no draft model needed) or 'hybrid'.",
+        "context, no draft model needed) or 'hybrid' [default: the draft model when there "
+        "is one, else lookup].",
     ),
 ]
 Stop = Annotated[

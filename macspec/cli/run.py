@@ -37,7 +37,7 @@ def run(
     seed: opt.Seed = None,
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
-    draft: opt.DraftSource = "model",
+    draft: opt.DraftSource = None,
     stop: opt.Stop = None,
     raw: Annotated[
         bool, typer.Option("--raw", help="Feed the prompt as is, no chat template.")
@@ -91,6 +91,7 @@ def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str,
     return {
         "model": resolved.target_name,
         "draft_model": resolved.draft_name if engine.drafter is not None else None,
+        "drafter": engine.drafter.name if engine.drafter is not None else None,
         "pair": resolved.pair.name if resolved.pair is not None else None,
         "prompt_tokens": prompt_ids,
         "tokens": done.tokens,

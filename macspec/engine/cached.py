@@ -1,30 +1,81 @@
-"""A model together with its KV cache and the token ids that cache holds.
+"""A model together with its cache and the token ids that cache holds, with rollback for every
+cache type mlx-lm makes.
 
-Knowing the ids is what makes rollback and reuse exact: trimming keeps a prefix of them,
+Knowing the ids is what makes rollback and reuse exact: rolling back keeps a prefix of them,
 and a new prompt reuses the longest common prefix instead of prefilling from scratch.
+
+Attention caches (`KVCache`, `QuantizedKVCache`) roll back by trimming. Recurrent layers
+(`ArraysCache`: Gated DeltaNet, Mamba, short convolutions) and sliding windows that have wrapped
+(`RotatingKVCache`) cannot forget a token, so the model is *checkpointed* before a pass that may
+be rolled back: a copy of each such layer's state, made of new handles to the same arrays (no data
+is copied). Rolling back to a length the layers cannot trim to restores the latest checkpoint at or
+before it; the ids after the checkpoint are then fed again, as part of the next pass.
+
+MLX's in-place slice assignment (`cache.keys[...] = k`, which `RotatingKVCache` uses for one-token
+steps) rewrites the array object that every Python reference shares, so a checkpoint never keeps
+the live array objects: `mx.array(x)` is a separate handle to x's data as it is now, and MLX copies
+the buffer (once) before writing into it while a checkpoint still holds it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import ConcatenateKVCache, KVCache, QuantizedKVCache, make_prompt_cache
 
 from macspec.errors import MacspecError
 
 PREFILL_CHUNK = 512
 
+ALWAYS_TRIMMABLE = (KVCache, QuantizedKVCache, ConcatenateKVCache)
+"""Cache types whose `trim` is exact at any length: they never need a checkpoint."""
 
-def _layer_length(layer_cache: Any) -> int:
+
+def _layer_length(layer_cache: Any) -> int | None:
+    """Ids a layer holds, where it says (attention caches); None for recurrent state."""
     offset = getattr(layer_cache, "offset", None)
-    return int(offset) if isinstance(offset, int) else int(layer_cache.size())
+    return int(offset) if isinstance(offset, int) else None
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of a cache's state that later updates of the live cache cannot reach.
+
+    Arrays become new handles to their current data (no copy now); lists, tuples, dicts and
+    nested cache objects are rebuilt around them; everything else (ints, None) is immutable.
+    """
+    if isinstance(value, mx.array):
+        return mx.array(value)
+    if isinstance(value, list):
+        return [snapshot(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if value is None or isinstance(value, (int, float, str, bool)):
+        return value
+    if hasattr(value, "update_and_fetch") or hasattr(value, "state"):  # a nested cache (CacheList)
+        clone = object.__new__(type(value))
+        clone.__dict__.update(snapshot(vars(value)))
+        return clone
+    raise TypeError(f"cannot checkpoint a {type(value).__name__}")
+
+
+@dataclass
+class Checkpoint:
+    """The state of the layers that cannot trim, after the first `length` ids."""
+
+    length: int
+    """Ids the cache had seen when the checkpoint was taken."""
+    layers: dict[int, dict[str, Any]]
+    """Layer index -> a snapshot of that layer cache's attributes."""
 
 
 class CachedModel:
-    """A language model, its KV cache, and `tokens`: exactly the ids the cache has seen."""
+    """A language model, its cache, and `tokens`: exactly the ids the cache has seen."""
 
     def __init__(self, model: nn.Module, name: str = "model", cache: list[Any] | None = None):
         self.model = model
@@ -34,6 +85,9 @@ class CachedModel:
         # Ids fed as unevaluated arrays (a draft feeding its own guesses), resolved on demand
         # so drafting never waits for a sync just to keep this bookkeeping.
         self._lazy: list[mx.array] = []
+        self._checkpoints: dict[str, Checkpoint] = {}
+        self.restores = 0
+        """Rollbacks that restored a checkpoint (the ids after it are fed again)."""
 
     @property
     def tokens(self) -> list[int]:
@@ -44,17 +98,23 @@ class CachedModel:
         return self._tokens
 
     @property
-    def trimmable(self) -> bool:
-        return can_trim_prompt_cache(self.cache)
+    def needs_checkpoints(self) -> bool:
+        """Whether some layer may be unable to trim (recurrent state, a sliding window)."""
+        return not all(isinstance(c, ALWAYS_TRIMMABLE) for c in self.cache)
 
-    def require_trimmable(self) -> None:
-        """Speculation rolls caches back after every rejection; refuse early if it can't."""
-        if not self.trimmable:
-            kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
-            raise MacspecError(
-                f"{self.name}: its cache ({', '.join(kinds)}) cannot be rolled back, "
-                "so it cannot be used for speculative decoding (try --no-draft)"
-            )
+    def require_rollback(self) -> None:
+        """Refuse, at load, a cache this class can neither trim nor checkpoint."""
+        for layer_cache in self.cache:
+            if isinstance(layer_cache, ALWAYS_TRIMMABLE):
+                continue
+            try:
+                snapshot(vars(layer_cache))
+            except TypeError as exc:
+                raise MacspecError(
+                    f"{self.name}: its cache ({type(layer_cache).__name__}) cannot be rolled "
+                    f"back ({exc}), so it cannot be used for speculative decoding "
+                    "(try --no-draft)"
+                ) from None
 
     def __len__(self) -> int:
         return len(self._tokens) + sum(a.size for a in self._lazy)
@@ -75,20 +135,86 @@ class CachedModel:
             self.forward(ids[start : start + PREFILL_CHUNK])
             mx.eval([c.state for c in self.cache])
 
-    def trim_to(self, length: int) -> None:
-        """Keep only the first `length` tokens in the cache.
+    # -- rollback ------------------------------------------------------------------------------
+    def checkpoint(self, slot: str = "cycle") -> None:
+        """Remember the state after the ids fed so far, so a rollback can return here.
 
+        One checkpoint per slot ('cycle' before a verify pass, 'prompt' after a prefill, kept
+        for the next chat turn); a no-op for models whose layers all trim.
+        """
+        if not self.needs_checkpoints:
+            return
+        layers = {
+            i: snapshot(vars(c))
+            for i, c in enumerate(self.cache)
+            if not isinstance(c, ALWAYS_TRIMMABLE)
+        }
+        self._checkpoints[slot] = Checkpoint(len(self), layers)
+
+    def can_trim_to(self, length: int) -> bool:
+        """Whether every layer holding more than `length` ids can trim them away exactly."""
+        for layer_cache in self.cache:
+            held = _layer_length(layer_cache)
+            if held is None:
+                held = len(self)
+            if held > length and not layer_cache.is_trimmable():
+                return False
+        return True
+
+    def trim_to(self, length: int) -> int:
+        """Hold at most the first `length` ids; returns how many the cache holds now.
+
+        Trims where every layer can; otherwise restores the latest checkpoint at or before
+        `length` (fewer ids: the caller feeds the rest again), and with none, starts over empty.
         Works per layer from each layer's own length, so a forward pass interrupted halfway
         (Ctrl-C between layers) still leaves every layer at the same, consistent length.
         """
+        length = max(0, min(length, len(self)))
         lengths = [_layer_length(c) for c in self.cache]
-        length = max(0, min([length, len(self.tokens), *lengths]))
-        if any(n > length for n in lengths):
-            self.require_trimmable()
+        longer = any(n is not None and n > length for n in lengths)
+        if length == len(self) and not longer:
+            return length
+        if self.can_trim_to(length):
             for layer_cache, n in zip(self.cache, lengths):
-                if n > length:
+                if n is not None and n > length:
                     layer_cache.trim(n - length)
+        else:
+            length = self._restore(length)
         del self.tokens[length:]
+        self._checkpoints = {k: c for k, c in self._checkpoints.items() if c.length <= length}
+        return length
+
+    def _restore(self, length: int) -> int:
+        usable = [c for c in self._checkpoints.values() if c.length <= length]
+        if not usable:  # nothing to return to: start this model's cache over
+            self.cache = make_prompt_cache(self.model)
+            self._tokens, self._lazy, self._checkpoints = [], [], {}
+            return 0
+        checkpoint = max(usable, key=lambda c: c.length)
+        for i, layer_cache in enumerate(self.cache):
+            if i in checkpoint.layers:
+                # A fresh snapshot: the checkpoint stays valid for another rollback.
+                layer_cache.__dict__.clear()
+                layer_cache.__dict__.update(snapshot(checkpoint.layers[i]))
+            else:
+                held = _layer_length(layer_cache)
+                if held is not None and held > checkpoint.length:
+                    layer_cache.trim(held - checkpoint.length)
+        self.restores += 1
+        return checkpoint.length
+
+    def settle(self, keep: int, last_delivered: int | None) -> None:
+        """After a generation: hold the `keep` ids before the last delivered one, or those and
+        the last delivered one too, where it was fed already and trimming it would cost a
+        restore (a recurrent model's pipelined last step). Never undelivered ids."""
+        if (
+            last_delivered is not None
+            and len(self) == keep + 1
+            and not self.can_trim_to(keep)
+            and self.tokens[keep] == last_delivered
+        ):
+            return
+        self.trim_to(keep)
 
     def reuse(self, prompt: Sequence[int]) -> list[int]:
         """Keep the cached prefix shared with `prompt`; return the ids still to be fed.
@@ -96,13 +222,9 @@ class CachedModel:
         At least one id is always left to feed: its logits are what predicts the next token.
         """
         shared = 0
-        limit = min(len(self.tokens), len(prompt) - 1)
-        while shared < limit and self.tokens[shared] == prompt[shared]:
+        limit = min(len(self), len(prompt) - 1)
+        tokens = self.tokens
+        while shared < limit and tokens[shared] == prompt[shared]:
             shared += 1
-        if shared < len(self.tokens) and not self.trimmable:
-            # Nothing reusable without a rollback: start this model's cache over.
-            self.cache = make_prompt_cache(self.model)
-            self._tokens, self._lazy = [], []
-            shared = 0
-        self.trim_to(shared)
-        return list(prompt[shared:])
+        held = self.trim_to(shared)
+        return list(prompt[held:])

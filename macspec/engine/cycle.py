@@ -31,3 +31,8 @@ class Cycle:
     """Ids the drafter processed (more than draft_steps when it catches up after plain steps)."""
     draft_source: str | None = None
     """Which drafter's guesses these were ('model', 'lookup'); None when nothing was proposed."""
+    fed: int = 0
+    """Ids the target's pass processed: the ids still to feed, then the guesses."""
+    refed: int = 0
+    """Of those, ids fed again after a checkpoint was restored (recurrent or wrapped
+    sliding-window caches roll back that way); 0 for attention-only models."""

@@ -67,13 +67,14 @@ class ModelDrafter:
 
     def __init__(self, model: nn.Module, vocab_size: int | None = None, cache: list | None = None):
         self.state = CachedModel(model, name="draft model", cache=cache)
-        self.state.require_trimmable()
+        self.state.require_rollback()
         self.vocab_size = vocab_size
         """Logits beyond this id are cut off, so p and q share one support."""
 
     def start(self, prompt: Sequence[int]) -> None:
         remaining = self.state.reuse(prompt)
         self.state.prefill(remaining[:-1])
+        self.state.checkpoint("prompt")
 
     def rollback(self, keep: int) -> None:
         self.state.trim_to(keep)
@@ -86,6 +87,7 @@ class ModelDrafter:
         key: mx.array | None,
         confidence_floor: float | None,
     ) -> Draft:
+        self.state.checkpoint()  # a recurrent draft returns here after its guesses are judged
         feed: Sequence[int] | mx.array = context[len(self.state) :]
         fed = len(feed)
         guesses: list[mx.array] = []

@@ -66,7 +66,7 @@ class Engine:
     ):
         self.target = CachedModel(target, name="target model")
         if drafter is not None:
-            self.target.require_trimmable()
+            self.target.require_rollback()
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.drafter = drafter
@@ -83,6 +83,9 @@ class Engine:
         pending = target.reuse(prompt)
         stats.prefilled_tokens = len(pending)
         target.prefill(pending[:-1])
+        # Where the next chat turn can return to if its prompt differs after this one (a model
+        # with recurrent layers cannot trim back to it); free for attention-only models.
+        target.checkpoint("prompt")
         if drafter is not None:
             drafter.start(prompt)
         stats.prefill_s = time.perf_counter() - started
@@ -111,13 +114,18 @@ class Engine:
                 drafted = time.perf_counter()
 
                 guesses = draft.tokens
-                logits = target.forward(context[len(target) :] + guesses)
+                # Ids after a restored checkpoint are fed again here, in the same pass.
+                pending = context[len(target) :]
+                target.checkpoint()
+                logits = target.forward(pending + guesses)
                 logits = logits[-(len(guesses) + 1) :, : self.vocab_size]
                 verdict = self._verify(logits, draft, params, keys)
                 verified = time.perf_counter()
 
                 n = verdict.accepted
-                target.trim_to(len(context) + n)  # the new token is fed next cycle
+                # Keep the kept guesses (the new token is fed next cycle); a recurrent model
+                # returns to the checkpoint instead and feeds the kept ones again then.
+                target.trim_to(len(context) + n)
                 context += guesses[:n] + [verdict.token]
                 drafter.rollback(len(context) - 1)
                 cycle = Cycle(
@@ -130,6 +138,8 @@ class Engine:
                     draft_steps=draft.steps,
                     draft_fed=draft.fed,
                     draft_source=draft.source if guesses else None,
+                    fed=len(pending) + len(guesses),
+                    refed=len(pending) - 1,
                 )
                 self.policy.observe(cycle)
                 # The record comes first: a consumer that stops mid-cycle has still counted it.
@@ -140,7 +150,7 @@ class Engine:
         finally:
             # Closed early (EOS, stop string, cancel, Ctrl-C): drop what was not delivered.
             keep = len(prompt) + progress.delivered - 1
-            target.trim_to(keep)
+            target.settle(keep, context[keep] if progress.delivered else None)
             if drafter is not None:
                 drafter.rollback(keep)
 
@@ -160,7 +170,8 @@ class Engine:
         """
         params = config.sampling
         begun = time.perf_counter()
-        token = self._plain_step(context[len(self.target) :], params, keys)
+        pending = context[len(self.target) :]
+        token = self._plain_step(pending, params, keys)
         mx.async_eval(token)
         while True:
             following = None
@@ -182,8 +193,10 @@ class Engine:
                 overhead_s=0.0,
                 draft_steps=0,
                 draft_fed=0,
+                fed=len(pending),
+                refed=len(pending) - 1,
             )
-            begun = now
+            begun, pending = now, [value]
             if self.drafter is not None:
                 self.policy.observe(cycle)
             yield cycle

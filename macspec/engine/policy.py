@@ -176,7 +176,9 @@ class AutoPolicy:
         return min(self.max_k, k + 1) if self._probe_up else k - 1
 
     def observe(self, cycle: Cycle) -> None:
-        self._pass_time[min(cycle.proposed + 1, self.max_k + 1)].add(cycle.verify_s)
+        # A pass over m ids: the guesses and the ids before them (more after a restore).
+        m = cycle.fed or cycle.proposed + 1
+        self._pass_time[min(m, self.max_k + 1)].add(cycle.verify_s)
         self._overhead.add(cycle.overhead_s)
         if cycle.requested and cycle.draft_fed <= cycle.draft_steps + 1:
             # Cost per guess: a model's forward step, or next to nothing for a lookup.

@@ -26,6 +26,10 @@ class Stats:
     """Guesses the target kept."""
     by_source: dict[str, list[int]] = field(default_factory=dict)
     """Per drafter kind ('model', 'lookup'): [proposed, accepted]."""
+    target_fed_tokens: int = 0
+    """Ids the target processed in its passes after prefill (verify passes and plain steps)."""
+    refed_tokens: int = 0
+    """Of those, ids fed again after a checkpoint was restored (recurrent caches)."""
     accepted_histogram: list[int] = field(default_factory=list)
     """accepted_histogram[n]: cycles that proposed something and kept exactly n guesses."""
     ttft_s: float = 0.0
@@ -43,6 +47,8 @@ class Stats:
 
     def add_cycle(self, cycle: Cycle) -> None:
         self.target_passes += 1
+        self.target_fed_tokens += cycle.fed
+        self.refed_tokens += cycle.refed
         self.draft_s += cycle.draft_s
         self.verify_s += cycle.verify_s
         if cycle.proposed:
@@ -83,6 +89,8 @@ class Stats:
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_pass": self.tokens_per_pass,
             "accepted_histogram": list(self.accepted_histogram),
+            "target_fed_tokens": self.target_fed_tokens,
+            "refed_tokens": self.refed_tokens,
             "by_source": {
                 name: {"proposed": p, "accepted": a, "acceptance_rate": a / p if p else None}
                 for name, (p, a) in self.by_source.items()

@@ -34,8 +34,9 @@ class Pair:
     """Short name used on the command line (`macspec pull NAME`): lowercase, no slash."""
     target: str
     """The big model: a Hugging Face repo id, a local folder, or `package:demo/target`."""
-    draft: str
-    """The small model sharing the target's tokenizer, in the same forms as `target`."""
+    draft: str | None
+    """The small model sharing the target's tokenizer, in the same forms as `target`; None for
+    a target with no small sibling (guesses then come from prompt lookup)."""
     draft_policy: str | int
     """Recommended draft-length policy: "auto" (adaptive) or a fixed number of draft tokens."""
     context_length: int
@@ -46,9 +47,14 @@ class Pair:
     """Approximate download size of target plus draft, in GB (10**9 bytes)."""
 
     @property
+    def members(self) -> tuple[str, ...]:
+        """The models to download: the target, and the draft when there is one."""
+        return (self.target,) if self.draft is None else (self.target, self.draft)
+
+    @property
     def is_packaged(self) -> bool:
-        """True when both models ship inside the macspec package (always "downloaded")."""
-        return hub.is_package_spec(self.target) and hub.is_package_spec(self.draft)
+        """True when its models ship inside the macspec package (always "downloaded")."""
+        return all(hub.is_package_spec(m) for m in self.members)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,10 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
+_OPTIONAL = {"draft"}
+"""Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
+
+
 def parse_catalog(data: dict[str, Any], source: Path) -> dict[str, Pair]:
     """Validate one parsed `models.toml` into pairs by name; errors are one line naming `source`."""
     unknown = [key for key in data if key != "pair"]
@@ -121,6 +131,8 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
             raise MacspecError(f"{where}: unknown key '{key}' (known: {', '.join(_FIELDS)})")
     for key, (types, description) in _FIELDS.items():
         if key not in entry:
+            if key in _OPTIONAL:
+                continue
             raise MacspecError(f"{where}: missing field '{key}'")
         value = entry[key]
         if isinstance(value, bool) or not isinstance(value, types):
@@ -139,7 +151,7 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
         raise MacspecError(f"{where}: context_length must be positive")
     if entry["size_gb"] < 0:
         raise MacspecError(f"{where}: size_gb must not be negative")
-    return Pair(**{**entry, "size_gb": float(entry["size_gb"])})
+    return Pair(**{"draft": None, **entry, "size_gb": float(entry["size_gb"])})
 
 
 def load_catalog() -> Catalog:
@@ -188,11 +200,12 @@ def resolve_models(
     if not need_draft:
         return ResolvedModels(target_path, None, chosen.target, None, chosen)
     draft_name = draft_model if draft_model is not None else chosen.draft
-    draft_path = (
-        hub.local_model_path(draft_model)
-        if draft_model is not None
-        else _pair_model_path(chosen, chosen.draft)
-    )
+    if draft_model is not None:
+        draft_path = hub.local_model_path(draft_model)
+    elif chosen.draft is not None:
+        draft_path = _pair_model_path(chosen, chosen.draft)
+    else:
+        draft_path = None
     return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen)
 
 
@@ -225,19 +238,21 @@ class PairStatus:
 
     @property
     def downloaded(self) -> bool:
-        """Both target and draft are here."""
-        return self.target_path is not None and self.draft_path is not None
+        """The target, and the draft if the pair has one, are here."""
+        draft_here = self.draft_path is not None or self.pair.draft is None
+        return self.target_path is not None and draft_here
 
 
 def pair_status(pair: Pair) -> PairStatus:
     """Look a pair up on disk (offline) and estimate its memory."""
-    paths = [hub.find_local(pair.target), hub.find_local(pair.draft)]
+    paths = [hub.find_local(m) for m in pair.members] + [None] * (2 - len(pair.members))
     sizes = [hub.size_on_disk(p) if p is not None else None for p in paths]
-    if all(p is not None for p in paths):
-        weights = sum(weight_bytes(p) for p in paths)  # type: ignore[arg-type]
+    present = paths[: len(pair.members)]
+    if all(p is not None for p in present):
+        weights = sum(weight_bytes(p) for p in present)  # type: ignore[arg-type]
     else:
         weights = int(pair.size_gb * 1e9)
-    configs = [_model_config(name, path) for name, path in zip((pair.target, pair.draft), paths)]
+    configs = [_model_config(name, path) for name, path in zip(pair.members, paths)]
     memory = estimate(weights, configs, pair.context_length)
     return PairStatus(pair, paths[0], paths[1], sizes[0], sizes[1], memory)
 
