@@ -269,3 +269,8 @@ def save_arch_model(model: nn.Module, folder: Path) -> Path:
     mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
     write_tokenizer(folder)
     return folder
+
+
+def unrelated_llama(model: nn.Module, seed: int = 7) -> nn.Module:
+    """An attention-only llama draft for any tiny target (same vocabulary, unrelated weights)."""
+    return random_model(seed, scale=3.0)

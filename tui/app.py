@@ -35,7 +35,7 @@ from macspec.errors import MacspecError
 from macspec.models.build import needs_draft_model
 from macspec.models.catalog import Pair, resolve_models
 from tui.live import LiveFigures, without_timings
-from tui.messages import Chunk, Finished, Noticed, PairFailed, PairLoaded, Rejected
+from tui.messages import Chunk, Finished, Noticed, PairFailed, PairLoaded, Rejected, Started
 from tui.widgets.pickers import HistoryPicker, PairPicker
 from tui.widgets.prompt import PromptInput
 from tui.widgets.stats_bar import StatsBar
@@ -71,6 +71,7 @@ class ChatApp(App, inherit_bindings=False):
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("ctrl+r", "history", "History"),
         Binding("ctrl+t", "toggle_colours", "Colours"),
+        Binding("ctrl+o", "toggle_reasoning", "Reasoning", show=False),
         Binding("ctrl+q", "quit", "Quit"),  # not inherited, so it comes last in the footer
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
@@ -142,7 +143,12 @@ class ChatApp(App, inherit_bindings=False):
             if message.role == "user":
                 await transcript.add_user(message.content)
             elif message.role == "assistant":
-                await transcript.add_answer(message.content, stored_summary(message), live=False)
+                await transcript.add_answer(
+                    message.content,
+                    stored_summary(message),
+                    live=False,
+                    reasoning=message.reasoning,
+                )
 
     # -- a turn ----------------------------------------------------------------------------
     @on(PromptInput.Submitted)
@@ -173,6 +179,7 @@ class ChatApp(App, inherit_bindings=False):
         except MacspecError as exc:
             self.post_message(Rejected(text, str(exc)))
             return
+        self.post_message(Started(self.session.reasoning_start))
         live, pieces, posted = LiveFigures(), [], time.monotonic()
         done, error = None, None
         try:
@@ -193,6 +200,11 @@ class ChatApp(App, inherit_bindings=False):
             events.close()
         self.post_message(Chunk(pieces, live.figures()))
         self.post_message(Finished(done, live.figures(), error))
+
+    @on(Started)
+    def _started(self, message: Started) -> None:
+        if self._answer is not None:
+            self._answer.split_reasoning(message.reasoning_start)
 
     @on(Chunk)
     async def _chunk(self, message: Chunk) -> None:
@@ -325,6 +337,9 @@ class ChatApp(App, inherit_bindings=False):
 
         self.push_screen(HistoryPicker(conversations, self.session.conversation_id), chosen)
 
+    def action_toggle_reasoning(self) -> None:
+        self.transcript.toggle_reasoning()
+
     def action_toggle_colours(self) -> None:
         self.colours = not self.colours
         self.set_class(self.colours, "-sources")
@@ -358,6 +373,8 @@ def make_app(
     load_pair: Callable[[Pair], ChatModels] | None = None,
     warnings: Sequence[str] = (),
     mask_timings: bool = False,
+    system_prompt: str | None = None,
+    template_args: dict | None = None,
 ) -> ChatApp:
     """The chat app around a ready engine; tests inject tiny models, a fake catalog and loader.
 
@@ -371,6 +388,8 @@ def make_app(
         config=config,
         context_length=context_length,
         models=models,
+        system_prompt=system_prompt,
+        template_args=template_args,
     )
     return ChatApp(
         session,

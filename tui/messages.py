@@ -9,6 +9,14 @@ from macspec.engine.events import Done, Source
 from tui.live import Figures
 
 
+class Started(Message):
+    """The answer is about to stream; how a thinking model's text starts (see ChatSession)."""
+
+    def __init__(self, reasoning_start: bool | None) -> None:
+        super().__init__()
+        self.reasoning_start = reasoning_start
+
+
 class Chunk(Message):
     """New text pieces of the answer streaming, with the figures so far."""
 

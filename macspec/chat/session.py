@@ -25,6 +25,7 @@ from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.models.build import build_engine
 from macspec.models.catalog import Pair, ResolvedModels, load_catalog, pair_status
+from macspec.models.reasoning import ReasoningSplitter, reasoning_start
 from macspec.models.templates import encode_messages
 
 SAVE_EVERY_S = 0.5
@@ -79,6 +80,7 @@ class ChatSession:
         context_length: int | None = None,
         models: ModelInfo | None = None,
         system_prompt: str | None = None,
+        template_args: dict | None = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -88,6 +90,8 @@ class ChatSession:
         """Tokens the pair can attend to; None: no limit is enforced."""
         self.models = models if models is not None else ModelInfo()
         self.system_prompt = system_prompt
+        self.template_args = dict(template_args or {})
+        """Chat template arguments (--think, --chat-template-args), every turn."""
         self.conversation_id: int | None = None
         self.messages: list[dict[str, str]] = []
         """{'role', 'content'} of the whole conversation, oldest first (what the UI shows)."""
@@ -95,6 +99,9 @@ class ChatSession:
         """Messages before this index are no longer fed to the model (context trimming)."""
         self.last_prompt: list[int] = []
         """The ids of the latest turn's prompt (for tests and stats)."""
+        self.reasoning_start: bool | None = None
+        """How the latest turn's answer starts: inside a <think> block (True), outside (False);
+        None for a model without think tags. The UI splits the streamed text by it too."""
         if conversation_id is not None:
             self.resume(conversation_id)
 
@@ -127,7 +134,7 @@ class ChatSession:
     # -- prompts -------------------------------------------------------------------------
     def _encode(self, messages: list[dict[str, str]]) -> list[int]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return encode_messages(self.tokenizer, system + messages)
+        return encode_messages(self.tokenizer, system + messages, self.template_args)
 
     def plan(self, messages: list[dict[str, str]]) -> PromptPlan:
         """Fit `messages` (ending with the new user message) into the context window.
@@ -183,6 +190,7 @@ class ChatSession:
             notice = ContextTrimmed(plan.first_message, len(plan.ids), self.context_length or 0)
         self.first_message = plan.first_message
         self.last_prompt = plan.ids
+        self.reasoning_start = reasoning_start(self.tokenizer, plan.ids)
         config = replace(self.config, max_tokens=plan.max_tokens)
         return self._stream(plan.ids, config, answer, answer_id, cancelled, notice)
 
@@ -195,7 +203,7 @@ class ChatSession:
         cancelled: Callable[[], bool] | None,
         notice: ContextTrimmed | None,
     ) -> Iterator[SessionEvent]:
-        pieces: list[str] = []
+        so_far = AnswerSoFar(self.reasoning_start)
         done: Done | None = None
         finish = "interrupted"  # closed early or Ctrl-C, unless we learn better
         saved_at = time.monotonic()
@@ -205,12 +213,10 @@ class ChatSession:
                 yield notice
             for event in events:
                 if isinstance(event, Token):
-                    pieces.append(event.text)
+                    so_far.add(event.text, event.source.value)
                     if time.monotonic() - saved_at >= SAVE_EVERY_S:
-                        answer["content"] = "".join(pieces)
-                        self.store.update_answer(
-                            answer_id, answer["content"], False, token_count=len(pieces)
-                        )
+                        answer["content"] = so_far.answer
+                        self.store.update_answer(answer_id, **so_far.row(complete=False))
                         saved_at = time.monotonic()
                 elif isinstance(event, Done):
                     done = event
@@ -221,20 +227,71 @@ class ChatSession:
         finally:
             events.close()  # leaves both caches holding exactly what was delivered
             if done is not None:
-                answer["content"] = done.text
+                so_far.finish(done.tail)
+                answer["content"] = so_far.answer
                 self.store.update_answer(
                     answer_id,
-                    done.text,
-                    complete=done.finish_reason != "cancelled",
-                    token_count=len(done.tokens),
+                    **so_far.row(complete=done.finish_reason != "cancelled"),
                     finish_reason=done.finish_reason,
                     stats=done.stats.to_dict(),
                 )
             else:
-                answer["content"] = "".join(pieces)
+                so_far.finish("")
+                answer["content"] = so_far.answer
                 self.store.update_answer(
-                    answer_id, answer["content"], False, len(pieces), finish_reason=finish
+                    answer_id, **so_far.row(complete=False), finish_reason=finish
                 )
+
+
+class AnswerSoFar:
+    """A streaming answer as it is stored: the answer text, the reasoning apart (thinking
+    models), and the source of each piece of answer text, as runs of [text, source]."""
+
+    def __init__(self, reasoning_start: bool | None):
+        self.splitter = ReasoningSplitter(reasoning_start) if reasoning_start is not None else None
+        self.tokens = 0
+        self._answer: list[str] = []
+        self.sources: list[list[str]] = []
+
+    def add(self, text: str, source: str, counts: bool = True) -> None:
+        self.tokens += counts
+        answer = text if self.splitter is None else self.splitter.feed(text).answer
+        self._append(answer, source)
+
+    def finish(self, tail: str) -> None:
+        """The text released only at the end (held back for a stop string or a tag)."""
+        self.add(tail, "target", counts=False)
+        if self.splitter is not None:
+            self._append(self.splitter.flush().answer, "target")
+
+    def _append(self, text: str, source: str) -> None:
+        if not text:
+            return
+        self._answer.append(text)
+        if self.sources and self.sources[-1][1] == source:
+            self.sources[-1][0] += text
+        else:
+            self.sources.append([text, source])
+
+    @property
+    def answer(self) -> str:
+        return "".join(self._answer)
+
+    @property
+    def reasoning(self) -> str | None:
+        if self.splitter is None or not self.splitter.reasoning:
+            return None
+        return self.splitter.reasoning.rstrip("\n")
+
+    def row(self, complete: bool) -> dict:
+        """The fields of `Store.update_answer` it decides."""
+        return {
+            "content": self.answer,
+            "complete": complete,
+            "token_count": self.tokens,
+            "reasoning": self.reasoning,
+            "sources": self.sources,
+        }
 
 
 # -- loading a pair for a chat ------------------------------------------------------------

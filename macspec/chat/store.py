@@ -59,6 +59,13 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
         """,
     ),
+    (
+        "0003_reasoning_and_sources",
+        """
+        ALTER TABLE messages ADD COLUMN reasoning TEXT;
+        ALTER TABLE messages ADD COLUMN sources_json TEXT;
+        """,
+    ),
 ]
 
 
@@ -109,6 +116,10 @@ class StoredMessage:
     """The models that wrote an answer."""
     created_at: float
     """Unix time the message was first saved."""
+    reasoning: str | None = None
+    """A thinking model's reasoning before the answer (not part of `content`)."""
+    sources: list[list[str]] | None = None
+    """The answer as runs of [text, 'draft' | 'target']: who wrote each part."""
 
 
 @dataclass(frozen=True)
@@ -264,17 +275,21 @@ class Store:
         token_count: int | None = None,
         finish_reason: str | None = None,
         stats: dict[str, Any] | None = None,
+        reasoning: str | None = None,
+        sources: list[list[str]] | None = None,
     ) -> None:
         """Rewrite an answer as far as it has got (called while streaming and at its end)."""
         self._write(
             "UPDATE messages SET content = ?, complete = ?, token_count = ?, finish_reason = ?, "
-            "stats_json = ?, updated_at = ? WHERE id = ?",
+            "stats_json = ?, reasoning = ?, sources_json = ?, updated_at = ? WHERE id = ?",
             (
                 content,
                 int(complete),
                 token_count,
                 finish_reason,
                 json.dumps(stats) if stats is not None else None,
+                reasoning,
+                json.dumps(sources) if sources is not None else None,
                 time.time(),
                 message_id,
             ),
@@ -347,4 +362,6 @@ def _message(row: sqlite3.Row) -> StoredMessage:
         stats=stats,
         models=_models(row),
         created_at=row["created_at"],
+        reasoning=row["reasoning"],
+        sources=json.loads(row["sources_json"]) if row["sources_json"] else None,
     )

@@ -33,6 +33,9 @@ def chat(
     no_draft: opt.NoDraft = False,
     draft: opt.DraftSource = None,
     stop: opt.Stop = None,
+    think: opt.Think = None,
+    system: opt.System = None,
+    chat_template_args: opt.ChatTemplateArgs = None,
     resume: Annotated[
         int | None,
         typer.Option("--resume", "-r", help="Continue the stored conversation with this id."),
@@ -53,9 +56,11 @@ def chat(
     from macspec.engine.loop import GenerationConfig
     from macspec.engine.sampling import SamplingParams
     from macspec.models.build import needs_draft_model
+    from macspec.models.templates import template_args
 
     if resume is not None and continue_last:
         fail("--resume and --continue both given; pass one of them")
+    args = template_args(think, chat_template_args)  # a bad JSON fails before loading
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
@@ -89,6 +94,8 @@ def chat(
         conversation_id=conversation_id,
         load_pair=default_pair_loader(num_draft_tokens, no_draft, draft),
         warnings=[*loaded.warnings, *notes],
+        system_prompt=system,
+        template_args=args,
     )
     chat_app.run()
     if chat_app.session.conversation_id is not None:
@@ -135,6 +142,7 @@ def _conversation_json(conversation: Conversation) -> dict[str, Any]:
             "id": m.id,
             "role": m.role,
             "content": m.content,
+            "reasoning": m.reasoning,
             "complete": m.complete,
             "token_count": m.token_count,
             "finish_reason": m.finish_reason,
@@ -207,4 +215,7 @@ def show(
                 state.append("incomplete")
             label += f" ({', '.join(state)})"
         console.print(f"[bold]{label}:[/bold]", markup=True)
+        if message.reasoning:
+            console.print(Text(message.reasoning, style="dim"))
+            console.print()
         console.print(message.content, markup=False)

@@ -48,3 +48,19 @@ Stop = Annotated[
     list[str] | None,
     typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed."),
 ]
+Think = Annotated[
+    bool | None,
+    typer.Option(
+        "--think/--no-think",
+        help="Let a thinking model (Qwen3, Qwen3.5) reason before answering, or not "
+        "[default: the chat template's own].",
+    ),
+]
+System = Annotated[str | None, typer.Option("--system", help="A system prompt.")]
+ChatTemplateArgs = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template-args",
+        help="Extra chat template arguments as a JSON object, e.g. '{\"enable_thinking\": false}'.",
+    ),
+]

@@ -45,6 +45,9 @@ def run(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object with ids, sources and stats.")
     ] = False,
+    think: opt.Think = None,
+    system: opt.System = None,
+    chat_template_args: opt.ChatTemplateArgs = None,
 ) -> None:
     """Answer one prompt with speculative decoding, streaming the text as it comes."""
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
@@ -53,9 +56,11 @@ def run(
     from macspec.engine.sampling import SamplingParams
     from macspec.engine.stats import summary_line
     from macspec.models.build import build_engine, needs_draft_model
-    from macspec.models.templates import encode_prompt
+    from macspec.models.reasoning import ReasoningSplitter, reasoning_start
+    from macspec.models.templates import encode_prompt, template_args
 
     text = read_prompt(prompt)
+    args = template_args(think, chat_template_args)
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
@@ -68,20 +73,33 @@ def run(
     engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
-    prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw)
+    prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)
+    inside = reasoning_start(loaded.tokenizer, prompt_ids)
+    splitter = ReasoningSplitter(inside) if inside is not None else None
+    out = ReasoningWriter(sys.stdout, dim=sys.stdout.isatty())
 
     done: Done | None = None
     for event in engine.generate(prompt_ids, config):
-        if isinstance(event, Token) and not as_json:
-            sys.stdout.write(event.text)
-            sys.stdout.flush()
+        if isinstance(event, Token):
+            split = splitter.feed(event.text) if splitter is not None else None
+            if not as_json:
+                out.write(event.text if split is None else split)
         elif isinstance(event, Done):
             done = event
     assert done is not None
+    # Text held back until the end (a possible stop string, a possible tag), split too.
+    ending = [done.tail] if splitter is None else [splitter.feed(done.tail), splitter.flush()]
     if as_json:
-        print(json.dumps(run_record(done, prompt_ids, resolved, engine)))
+        record = run_record(done, prompt_ids, resolved, engine)
+        if splitter is not None:  # the answer and the reasoning apart (--max-tokens counts both)
+            record.update(text=splitter.answer, reasoning=splitter.reasoning.rstrip("\n"))
+        print(json.dumps(record))
         return
-    sys.stdout.write(done.tail + ("\n" if not (done.text.endswith("\n")) else ""))
+    for part in ending:
+        out.write(part)
+    out.close()
+    if not out.ends_with_newline:
+        sys.stdout.write("\n")
     sys.stdout.flush()
     print(summary_line(done.stats, done.finish_reason), file=sys.stderr)
 
@@ -97,6 +115,46 @@ def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str,
         "tokens": done.tokens,
         "sources": [s.value for s in done.sources],
         "text": done.text,
+        "reasoning": None,
         "finish_reason": done.finish_reason,
         "stats": done.stats.to_dict(),
     }
+
+
+class ReasoningWriter:
+    """Writes an answer to a stream, its reasoning marked: dim on a terminal, else between
+    <think> tags as the model wrote it."""
+
+    DIM, RESET = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, stream, dim: bool):
+        self.stream, self.dim = stream, dim
+        self._in_reasoning = False
+        self.ends_with_newline = True
+
+    def write(self, part) -> None:
+        """A plain text delta, or a Split of reasoning and answer."""
+        if isinstance(part, str):
+            self._emit(part)
+            return
+        if part.reasoning:
+            if not self._in_reasoning:
+                self._emit(self.DIM if self.dim else "<think>\n")
+                self._in_reasoning = True
+            self._emit(part.reasoning)
+        if part.answer:
+            self.close()
+            self._emit(part.answer)
+
+    def close(self) -> None:
+        """End a reasoning block that is open."""
+        if self._in_reasoning:
+            self._in_reasoning = False
+            newline = "" if self.ends_with_newline else "\n"
+            self._emit(self.RESET + newline + "\n" if self.dim else newline + "</think>\n\n")
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
+            self.ends_with_newline = text.endswith("\n")

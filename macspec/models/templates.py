@@ -2,25 +2,63 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from typing import Any
+
+from macspec.errors import MacspecError
 
 
 def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "has_chat_template", False))
 
 
-def encode_messages(tokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
-    """Chat messages -> ids, with the generation prompt for the assistant's next turn."""
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+def template_args(think: bool | None = None, extra_json: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for the chat template: `--chat-template-args` JSON, then `--think`.
+
+    `think` None keeps the template's own default (Qwen3 and Qwen3.5 think by default).
+    """
+    args: dict[str, Any] = {}
+    if extra_json is not None:
+        try:
+            args = json.loads(extra_json)
+        except ValueError as exc:
+            raise MacspecError(f"--chat-template-args is not valid JSON: {exc}") from None
+        if not isinstance(args, dict):
+            raise MacspecError('--chat-template-args must be a JSON object, e.g. {"key": 1}')
+    if think is not None:
+        args["enable_thinking"] = think
+    return args
+
+
+def encode_messages(
+    tokenizer, messages: Sequence[dict[str, str]], args: dict[str, Any] | None = None
+) -> list[int]:
+    """Chat messages -> ids, with the generation prompt for the assistant's next turn.
+
+    `args` go to the template as they do with `tokenizer.apply_chat_template` (mlx-lm's
+    `--chat-template-config`), e.g. {"enable_thinking": False}.
+    """
+    ids = tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=True, **(args or {})
+    )
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]
     return [int(i) for i in ids]
 
 
-def encode_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
-    """A one-shot prompt as ids: templated as a user turn when the tokenizer has a template."""
+def encode_prompt(
+    tokenizer,
+    text: str,
+    raw: bool = False,
+    system: str | None = None,
+    args: dict[str, Any] | None = None,
+) -> list[int]:
+    """A one-shot prompt as ids: templated as a user turn (after `system`, if given) when the
+    tokenizer has a template; raw text otherwise."""
     if not raw and has_chat_template(tokenizer):
-        return encode_messages(tokenizer, [{"role": "user", "content": text}])
+        messages = [{"role": "system", "content": system}] if system else []
+        return encode_messages(tokenizer, [*messages, {"role": "user", "content": text}], args)
     bos = getattr(tokenizer, "bos_token", None)
     # As mlx-lm does: add the BOS unless the text already starts with it.
     add_special = bos is None or not text.startswith(bos)

@@ -8,6 +8,9 @@ An answer is two views of the same text, kept in step while it streams:
 With the source colours on (the default; a key toggles them) the spans view is shown,
 otherwise the rendered Markdown. Answers loaded from history have no per-token sources
 and always show Markdown.
+
+A thinking model's reasoning goes to a collapsed section above the answer (ctrl+o opens it),
+split from the streamed text by the same rule the session stores it by.
 """
 
 from __future__ import annotations
@@ -16,10 +19,13 @@ from collections.abc import Sequence
 
 from rich.text import Text
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from macspec.engine.events import Source
+from macspec.models.reasoning import ReasoningSplitter
+
+REASONING_TITLE = "reasoning (ctrl+o)"
 
 
 class UserMessage(Static):
@@ -43,18 +49,25 @@ class AnswerMessage(Vertical):
 
     COMPONENT_CLASSES = {"answer--draft", "answer--target"}
 
-    def __init__(self, text: str = "", summary: str = "", live: bool = True) -> None:
+    def __init__(
+        self, text: str = "", summary: str = "", live: bool = True, reasoning: str | None = None
+    ) -> None:
         super().__init__(classes="answer" + (" -has-sources" if live else ""))
         self.text = text
         """The answer so far (what the Markdown body holds)."""
         self.summary = summary
+        self.reasoning = reasoning or ""
+        """A thinking model's reasoning so far, shown apart and collapsed."""
         self._initial = text
         self._spans = Text()
         self._stream: MarkdownStream | None = None
+        self._splitter: ReasoningSplitter | None = None
         self.draft_tokens = 0
         self.target_tokens = 0
 
     def compose(self):
+        with Collapsible(title=REASONING_TITLE, collapsed=True, classes="reasoning"):
+            yield Static(Text(self.reasoning), classes="reasoning-text")
         yield Markdown(self._initial, classes="body")
         yield Static(self._spans, classes="spans")
         yield Static(Text(self.summary), classes="summary")
@@ -68,21 +81,41 @@ class AnswerMessage(Vertical):
             for s in self._spans.spans
         ]
 
+    def on_mount(self) -> None:
+        self._show_reasoning()
+
+    def split_reasoning(self, starts_inside: bool | None) -> None:
+        """From now on, text is reasoning or answer as a thinking model writes it (None: the
+        model has no think tags, all text is answer)."""
+        self._splitter = ReasoningSplitter(starts_inside) if starts_inside is not None else None
+
+    def _show_reasoning(self) -> None:
+        self.query_one(".reasoning", Collapsible).display = bool(self.reasoning.strip())
+        self.query_one(".reasoning-text", Static).update(Text(self.reasoning.strip("\n")))
+
     async def add_tokens(self, pieces: Sequence[tuple[str, Source]]) -> None:
         """Append released text pieces, each with the source of its token."""
         styles = {
             Source.DRAFT: self.get_component_rich_style("answer--draft"),
             Source.TARGET: self.get_component_rich_style("answer--target"),
         }
+        answer, thought = [], ""
         for text, source in pieces:
             if source is Source.DRAFT:
                 self.draft_tokens += 1
             else:
                 self.target_tokens += 1
+            if self._splitter is not None:
+                split = self._splitter.feed(text)
+                thought, text = thought + split.reasoning, split.answer
             if text:
                 self._spans.append(text, styles[source])
+                answer.append(text)
+        if thought:
+            self.reasoning += thought
+            self._show_reasoning()
         self.query_one(".spans", Static).update(self._spans)
-        await self._write("".join(text for text, _ in pieces))
+        await self._write("".join(answer))
 
     async def _write(self, fragment: str) -> None:
         if not fragment:
@@ -97,6 +130,14 @@ class AnswerMessage(Vertical):
         if tail:
             await self.add_tokens([(tail, Source.TARGET)])
             self.target_tokens -= 1  # the tail is text released late, not a token
+        if self._splitter is not None:  # text held back for a tag that never came
+            held = self._splitter.flush()
+            self.reasoning += held.reasoning
+            self._show_reasoning()
+            if held.answer:
+                self._spans.append(held.answer, self.get_component_rich_style("answer--target"))
+                self.query_one(".spans", Static).update(self._spans)
+                await self._write(held.answer)
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
@@ -118,8 +159,10 @@ class Transcript(VerticalScroll):
         await self.mount(message)
         return message
 
-    async def add_answer(self, text: str = "", summary: str = "", live: bool = True):
-        answer = AnswerMessage(text, summary, live=live)
+    async def add_answer(
+        self, text: str = "", summary: str = "", live: bool = True, reasoning: str | None = None
+    ):
+        answer = AnswerMessage(text, summary, live=live, reasoning=reasoning)
         await self.mount(answer)
         return answer
 
@@ -130,3 +173,10 @@ class Transcript(VerticalScroll):
 
     async def clear(self) -> None:
         await self.remove_children()
+
+    def toggle_reasoning(self) -> None:
+        """Open every reasoning section if one is closed, else close them all."""
+        sections = list(self.query(".reasoning").results(Collapsible))
+        opening = any(section.collapsed for section in sections)
+        for section in sections:
+            section.collapsed = not opening

@@ -1,0 +1,75 @@
+"""Tokens per target pass, acceptance and re-fed share on the hybrid / sliding-window / recurrent
+fixtures of tests/test_caches.py (tiny random models from mlx-lm's classes), at k = 4 and auto.
+
+    python scripts/cache_figures.py
+
+Every greedy output is checked against mlx-lm's target-only greedy (generate_step) as it goes.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import mlx.core as mx  # noqa: E402
+import tiny  # noqa: E402
+from mlx_lm.generate import generate_step  # noqa: E402
+from test_caches import PROMPTS  # noqa: E402
+
+from macspec.engine.drafters import ModelDrafter  # noqa: E402
+from macspec.engine.loop import Engine, GenerationConfig  # noqa: E402
+from macspec.engine.policy import AutoPolicy, FixedPolicy  # noqa: E402
+
+MAX_TOKENS = 32
+PAIRS = {
+    "qwen3_5 hybrid, hybrid draft": ("qwen3_5", lambda t: tiny.noisy_arch_copy(t, 0.02, 1)),
+    "qwen3_5 hybrid, attention draft": ("qwen3_5", lambda t: tiny.unrelated_llama(t)),
+    "gemma3_text sliding window 12": ("gemma3_text", lambda t: tiny.noisy_arch_copy(t, 0.02, 1)),
+    "mamba2 recurrent": ("mamba2", lambda t: tiny.noisy_arch_copy(t, 0.02, 1)),
+}
+
+
+def reference(model, prompt):
+    out = []
+    for token, _ in generate_step(mx.array(prompt), model, max_tokens=MAX_TOKENS):
+        if token == 257:
+            break
+        out.append(token)
+    return out
+
+
+def main() -> None:
+    folder = Path(tempfile.mkdtemp())
+    tiny.write_tokenizer(folder)
+    tok = tiny.tokenizer(folder)
+    prompts = [tok.encode(p) for p in PROMPTS]
+    print(f"{len(prompts)} prompts, {MAX_TOKENS} tokens, greedy")
+    print("| fixture | k | acceptance | tokens per target pass | re-fed share | identical |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for label, (kind, make_draft) in PAIRS.items():
+        target = tiny.arch_model(kind, 0, scale=3.0)
+        draft = make_draft(target)
+        wants = [reference(target, p) for p in prompts]
+        for k in ("4", "auto"):
+            policy = AutoPolicy() if k == "auto" else FixedPolicy(int(k))
+            engine = Engine(target, tok, ModelDrafter(draft), policy)
+            proposed = accepted = passes = generated = fed = refed = same = 0
+            for prompt, want in zip(prompts, wants):
+                done = list(engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))[-1]
+                s = done.stats
+                proposed, accepted = proposed + s.draft_proposed, accepted + s.draft_accepted
+                passes, generated = passes + s.target_passes, generated + s.generated_tokens
+                fed, refed = fed + s.target_fed_tokens, refed + s.refed_tokens
+                same += done.tokens == want
+            acceptance = f"{accepted / proposed:.2f} of {proposed}" if proposed else "-"
+            print(
+                f"| {label} | {k} | {acceptance} | {generated / passes:.2f} | "
+                f"{refed / fed:.1%} | {same}/{len(prompts)} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
