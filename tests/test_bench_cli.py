@@ -280,10 +280,10 @@ def test_overhead_script_prints_the_goals(folders, capsys):
         assert text in out
 
 
-def test_a_hybrid_pair_is_benchmarked_with_its_restores_counted(tmp_path, capsys):
-    """Qwen3.5-style target and draft (Gated DeltaNet + attention): macspec speculates, mlx-lm
-    cannot (its rows are left out), and the re-fed ids after restores are reported."""
-    target = tiny.arch_model("qwen3_5", 0, scale=3.0)
+def test_a_recurrent_pair_is_benchmarked_with_its_restores_counted(tmp_path, capsys):
+    """A Mamba2 target and draft (recurrent state only): macspec speculates, mlx-lm cannot (its
+    rows are left out), and the ids fed again after checkpoint restores are reported."""
+    target = tiny.arch_model("mamba2", 0, scale=3.0)
     draft = tiny.noisy_arch_copy(target, 0.05, seed=1)
     folders = (
         tiny.save_arch_model(target, tmp_path / "target"),

@@ -176,7 +176,7 @@ ARCHITECTURES: dict[str, dict] = {
     # Mamba 2: recurrent state only (ArraysCache), no attention at all.
     "mamba2": dict(
         model_type="mamba2",
-        num_heads=4,
+        num_heads=8,  # x head_dim = hidden_size x expand (2), as transformers checks
         head_dim=16,
         hidden_size=64,
         intermediate_size=128,

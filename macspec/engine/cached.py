@@ -10,6 +10,8 @@ Attention caches (`KVCache`, `QuantizedKVCache`) roll back by trimming. Recurren
 be rolled back: a copy of each such layer's state, made of new handles to the same arrays (no data
 is copied). Rolling back to a length the layers cannot trim to restores the latest checkpoint at or
 before it; the ids after the checkpoint are then fed again, as part of the next pass.
+Gated DeltaNet layers (Qwen3.5/3.6) need no re-feed: the pass after a checkpoint is recorded,
+and their state at any point of it is recomputed from the record (`recurrent.py`).
 
 MLX's in-place slice assignment (`cache.keys[...] = k`, which `RotatingKVCache` uses for one-token
 steps) rewrites the array object that every Python reference shares, so a checkpoint never keeps
@@ -25,8 +27,16 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ConcatenateKVCache, KVCache, QuantizedKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    ConcatenateKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
+from macspec.engine import recurrent
 from macspec.errors import MacspecError
 
 PREFILL_CHUNK = 512
@@ -64,6 +74,41 @@ def snapshot(value: Any) -> Any:
     raise TypeError(f"cannot checkpoint a {type(value).__name__}")
 
 
+def _window_rows(layer_cache: RotatingKVCache) -> int:
+    """Rows of a sliding-window cache that hold ids (its buffer can be larger than that)."""
+    return min(layer_cache.offset, layer_cache.keys.shape[2])
+
+
+def trims_exactly(layer_cache: Any, n: int) -> bool:
+    """Whether the newest `n` ids can be taken out of this layer exactly.
+
+    A wrapped sliding window can, right after a pass over several ids: that pass kept the
+    window's worth of older rows besides its own, so dropping all but one of its own still
+    leaves every row the next ids attend to.
+    """
+    if n <= 0 or layer_cache.is_trimmable():
+        return True
+    if isinstance(layer_cache, RotatingKVCache) and layer_cache.keys is not None:
+        # Full windows keep at least max_size rows: mlx-lm's one-id step assumes it.
+        left = _window_rows(layer_cache) - n
+        return left >= min(layer_cache.offset - n, layer_cache.max_size)
+    return False
+
+
+def trim_layer(layer_cache: Any, n: int) -> None:
+    """Take the newest `n` ids out of a layer (`trims_exactly` said it can)."""
+    if layer_cache.is_trimmable():
+        layer_cache.trim(n)
+        return
+    # A wrapped window: put the rows in time order (mlx-lm's own helper), then cut the end.
+    keys = layer_cache._temporal_order(layer_cache.keys)
+    values = layer_cache._temporal_order(layer_cache.values)
+    rows = _window_rows(layer_cache) - n
+    layer_cache.keys, layer_cache.values = keys[..., :rows, :], values[..., :rows, :]
+    layer_cache.offset -= n
+    layer_cache._idx = rows
+
+
 @dataclass
 class Checkpoint:
     """The state of the layers that cannot trim, after the first `length` ids."""
@@ -88,6 +133,10 @@ class CachedModel:
         self._checkpoints: dict[str, Checkpoint] = {}
         self.restores = 0
         """Rollbacks that restored a checkpoint (the ids after it are fed again)."""
+        self._recordable = recurrent.install(model) > 0
+        self._record_next = False
+        self._pass: tuple[int, int, recurrent.PassRecord] | None = None
+        """(ids before, ids fed, record) of the last pass, when it was recorded."""
 
     @property
     def tokens(self) -> list[int]:
@@ -121,12 +170,20 @@ class CachedModel:
 
     def forward(self, ids: Sequence[int] | mx.array) -> mx.array:
         """Feed ids through the model, extending the cache; returns logits (len(ids), V), lazily."""
+        before = len(self)
         if isinstance(ids, mx.array):
             array = ids
             self._lazy.append(ids)
         else:
             array = mx.array(list(ids), mx.uint32)
             self.tokens.extend(ids)
+        self._pass = None
+        if self._record_next:
+            self._record_next = False
+            with recurrent.recording(recurrent.PassRecord()) as record:
+                logits = self.model(array[None], cache=self.cache)[0]
+            self._pass = (before, len(self) - before, record)
+            return logits
         return self.model(array[None], cache=self.cache)[0]
 
     def prefill(self, ids: Sequence[int]) -> None:
@@ -150,6 +207,9 @@ class CachedModel:
             if not isinstance(c, ALWAYS_TRIMMABLE)
         }
         self._checkpoints[slot] = Checkpoint(len(self), layers)
+        # Record the pass that follows a cycle's checkpoint: Gated DeltaNet layers then roll
+        # back to any point of it without a restore (see recurrent.py).
+        self._record_next = self._recordable and slot == "cycle"
 
     def can_trim_to(self, length: int) -> bool:
         """Whether every layer holding more than `length` ids can trim them away exactly."""
@@ -157,7 +217,7 @@ class CachedModel:
             held = _layer_length(layer_cache)
             if held is None:
                 held = len(self)
-            if held > length and not layer_cache.is_trimmable():
+            if held > length and not trims_exactly(layer_cache, held - length):
                 return False
         return True
 
@@ -177,12 +237,35 @@ class CachedModel:
         if self.can_trim_to(length):
             for layer_cache, n in zip(self.cache, lengths):
                 if n is not None and n > length:
-                    layer_cache.trim(n - length)
-        else:
+                    trim_layer(layer_cache, n - length)
+        elif not self._rewind_recorded(length, lengths):
             length = self._restore(length)
+        self._pass = None
         del self.tokens[length:]
         self._checkpoints = {k: c for k, c in self._checkpoints.items() if c.length <= length}
         return length
+
+    def _rewind_recorded(self, length: int, lengths: list[int | None]) -> bool:
+        """Roll back into the last recorded pass exactly: Gated DeltaNet states recomputed from
+        the record, every other layer trimmed. False when the record cannot serve."""
+        if self._pass is None:
+            return False
+        before, fed, record = self._pass
+        recurrent_layers = [c for c in self.cache if isinstance(c, ArraysCache)]
+        others_trim = all(
+            isinstance(c, ArraysCache) or n is None or n <= length or trims_exactly(c, n - length)
+            for c, n in zip(self.cache, lengths)
+        )
+        if not (before <= length <= before + fed and others_trim):
+            return False
+        if not recurrent.usable(record, len(recurrent_layers), fed):
+            return False
+        for index, layer_cache in enumerate(recurrent_layers):
+            layer_cache[0], layer_cache[1] = recurrent.states_after(record, index, length - before)
+        for layer_cache, n in zip(self.cache, lengths):
+            if not isinstance(layer_cache, ArraysCache) and n is not None and n > length:
+                trim_layer(layer_cache, n - length)
+        return True
 
     def _restore(self, length: int) -> int:
         usable = [c for c in self._checkpoints.values() if c.length <= length]
@@ -199,7 +282,7 @@ class CachedModel:
             else:
                 held = _layer_length(layer_cache)
                 if held is not None and held > checkpoint.length:
-                    layer_cache.trim(held - checkpoint.length)
+                    trim_layer(layer_cache, held - checkpoint.length)
         self.restores += 1
         return checkpoint.length
 

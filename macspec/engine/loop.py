@@ -24,6 +24,9 @@ from macspec.engine.stops import StopScanner
 from macspec.engine.verify import Verdict, verify_greedy, verify_sampled
 from macspec.errors import MacspecError
 
+MAX_REFEED = 8
+"""Most ids a verify pass feeds again after checkpoint restores before a plain step catches up."""
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -106,6 +109,15 @@ class Engine:
                 if k <= 0:
                     yield from self._plain_stretch(context, config, keys, progress, requested)
                     continue
+                if len(context) - len(target) > MAX_REFEED:
+                    # Restores in a row (recurrent layers without an exact rewind) have piled up
+                    # ids to feed again: catch up with a plain step, which yields a token of its
+                    # own, rather than widen every pass. Then draft as the policy asked.
+                    yield from self._plain_stretch(
+                        context, config, keys, progress, requested, once=True
+                    )
+                    progress.decided = requested
+                    continue
 
                 # Draft, verify all guesses in one target pass, accept, roll back.
                 key = keys.next() if keys is not None else None
@@ -161,8 +173,10 @@ class Engine:
         keys: KeyStream | None,
         progress: _Progress,
         requested: int,
+        once: bool = False,
     ) -> Iterator[Cycle | tuple[int, Source]]:
-        """Plain target steps until the policy wants to draft again (or max_tokens).
+        """Plain target steps until the policy wants to draft again (or max_tokens); `once`:
+        a single step.
 
         Pipelined as mlx-lm's generate_step: the next step is queued before this one's token
         is read back. Meanwhile the target's cache runs one token ahead of the invariant; the
@@ -175,7 +189,7 @@ class Engine:
         mx.async_eval(token)
         while True:
             following = None
-            if progress.delivered + 1 < config.max_tokens:
+            if progress.delivered + 1 < config.max_tokens and not once:
                 if self.drafter is not None:
                     progress.decided = self.policy.draft_length() or None
                 if progress.decided is None:
