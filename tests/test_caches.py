@@ -9,7 +9,6 @@ shorter than prompt + answer, so the window wraps inside verify passes.
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
 import tiny
 from mlx_lm.generate import generate_step
@@ -286,10 +285,10 @@ def test_sampling_on_a_hybrid_pair_has_the_targets_distribution(monkeypatch):
     """Three tokens sampled with k = 2: rejections rewind the Gated DeltaNet state inside the
     verify pass, and the joint distribution is still exactly the target's. The same harness
     with a wrong rule (resample from p on a rejection) fails the same bound."""
+    from samplingkit import exact_joint, resample_from_p, sampled_joint
     from test_sampling import IdTokenizer, distribution_matches
 
-    from macspec.engine.sampling import SamplingParams, probabilities
-    from macspec.engine.verify import Verdict
+    from macspec.engine.sampling import SamplingParams
 
     V = 5
     small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -297,45 +296,16 @@ def test_sampling_on_a_hybrid_pair_has_the_targets_distribution(monkeypatch):
     draft = tiny.arch_model("qwen3_5", 12, scale=4.0, vocab=V, **small)
     params = SamplingParams(temperature=1.0)
     prompt = [1, 4, 2]
+    exact = exact_joint(target, prompt, params, V)
 
-    def probs(ids):
-        return np.array(probabilities(target(mx.array(ids)[None])[0, -1:], params))[0]
+    def engine():
+        return Engine(target, IdTokenizer(), ModelDrafter(draft), FixedPolicy(2))
 
-    exact = np.zeros(V**3)
-    first = probs(prompt)
-    for a in range(V):
-        second = probs(prompt + [a])
-        for b in range(V):
-            third = probs(prompt + [a, b])
-            exact[(a * V + b) * V : (a * V + b + 1) * V] = first[a] * second[b] * third
-
-    def joint(runs: int) -> tuple[list[int], int]:
-        engine = Engine(target, IdTokenizer(), ModelDrafter(draft), FixedPolicy(2))
-        outcomes, rejected = [], 0
-        for seed in range(runs):
-            config = GenerationConfig(max_tokens=3, sampling=params, seed=seed)
-            done = done_of(engine.generate(prompt, config))
-            a, b, c = done.tokens
-            outcomes.append((a * V + b) * V + c)
-            rejected += done.stats.draft_proposed - done.stats.draft_accepted
-        return outcomes, rejected
-
-    outcomes, rejected = joint(1200)
+    outcomes, rejected = sampled_joint(engine(), prompt, params, V, 1200)
     assert rejected > 300  # the recurrent state was rolled back many times
     assert distribution_matches(outcomes, exact)
-
-    def resample_from_p(self, logits, draft, params, keys):  # the classic wrong rule
-        p = probabilities(logits, params)
-        kept = 0
-        for i, token in enumerate(draft.tokens):
-            q = float(draft.q[i, token])
-            if mx.random.uniform(key=keys.next()).item() >= float(p[i, token]) / q:
-                break
-            kept += 1
-        return Verdict(kept, int(mx.random.categorical(mx.log(p[kept]), key=keys.next()).item()))
-
     monkeypatch.setattr(Engine, "_verify", resample_from_p)
-    wrong, _ = joint(1200)
+    wrong, _ = sampled_joint(engine(), prompt, params, V, 1200)
     assert not distribution_matches(wrong, exact)
 
 

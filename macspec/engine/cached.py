@@ -21,7 +21,8 @@ the buffer (once) before writing into it while a checkpoint still holds it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from mlx_lm.models.cache import (
 )
 
 from macspec.engine import recurrent
+from macspec.engine.taps import Hidden, HiddenSpec, Taps
 from macspec.errors import MacspecError
 
 PREFILL_CHUNK = 512
@@ -137,6 +139,13 @@ class CachedModel:
         self._record_next = False
         self._pass: tuple[int, int, recurrent.PassRecord] | None = None
         """(ids before, ids fed, record) of the last pass, when it was recorded."""
+        self._taps: Taps | None = None
+        self._hidden_sink: Callable[[int, Hidden], None] | None = None
+
+    def tap(self, spec: HiddenSpec, sink: Callable[[int, Hidden], None]) -> None:
+        """Hand every pass's hidden states (as `spec` asks) to `sink(first position, hidden)`."""
+        self._taps = Taps(self.model, spec)
+        self._hidden_sink = sink
 
     @property
     def tokens(self) -> list[int]:
@@ -177,14 +186,19 @@ class CachedModel:
         else:
             array = mx.array(list(ids), mx.uint32)
             self.tokens.extend(ids)
-        self._pass = None
-        if self._record_next:
-            self._record_next = False
-            with recurrent.recording(recurrent.PassRecord()) as record:
-                logits = self.model(array[None], cache=self.cache)[0]
+        self._pass, record, hidden = None, None, None
+        with ExitStack() as stack:
+            if self._record_next:  # the verify pass after a checkpoint (see recurrent.py)
+                self._record_next = False
+                record = stack.enter_context(recurrent.recording(recurrent.PassRecord()))
+            if self._taps is not None:  # a drafter reads this pass's hidden states
+                hidden = stack.enter_context(self._taps.record())
+            logits = self.model(array[None], cache=self.cache)[0]
+        if record is not None:
             self._pass = (before, len(self) - before, record)
-            return logits
-        return self.model(array[None], cache=self.cache)[0]
+        if hidden is not None and self._hidden_sink is not None:
+            self._hidden_sink(before, hidden)
+        return logits
 
     def prefill(self, ids: Sequence[int]) -> None:
         """Feed ids in chunks, evaluating as it goes so memory stays bounded on long prompts."""

@@ -119,3 +119,31 @@ class ModelDrafter:
         if q is not None:
             mx.eval(q)
         return Draft(tokens=tokens, q=q, steps=steps, fed=fed, source=self.name)
+
+
+def truncate_at_floor(
+    guesses: list[tuple[mx.array, mx.array]],
+    dists: list[mx.array],
+    confidence_floor: float | None,
+    params: SamplingParams,
+    fed: int,
+    source: str,
+) -> Draft:
+    """A Draft from guesses still on the device, cut before the first one the drafter was less
+    sure of than the floor. Tokens and confidences are read back in one go: one wait.
+
+    guesses: (token (1,), logits (1, V) when greedy else q (1, V)) per step; dists: the q rows.
+    """
+    tokens = mx.concatenate([token for token, _ in guesses])
+    kept = len(guesses)
+    if confidence_floor is not None:
+        rows = mx.concatenate([row for _, row in guesses], axis=0)
+        if params.greedy:
+            rows = mx.softmax(rows.astype(mx.float32), axis=-1)
+        top = rows.max(axis=-1)
+        mx.eval(tokens, top)
+        below = [i for i, p in enumerate(top.tolist()) if p < confidence_floor]
+        kept = below[0] if below else kept
+    ids = tokens.tolist()[:kept]
+    q = mx.concatenate(dists[:kept], axis=0) if dists and kept else None
+    return Draft(tokens=ids, q=q, steps=len(guesses), fed=fed, source=source)

@@ -70,6 +70,9 @@ class Engine:
         self.target = CachedModel(target, name="target model")
         if drafter is not None:
             self.target.require_rollback()
+            needs = getattr(drafter, "needs", None)
+            if needs is not None:  # the drafter reads the target's hidden states
+                self.target.tap(needs, drafter.add_hidden)
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self.drafter = drafter
@@ -305,6 +308,9 @@ class Engine:
         ended = time.perf_counter()
         stats.generated_tokens = len(tokens)
         stats.elapsed_s = ended - started
+        reason = getattr(self.policy, "reason", None)  # --draft auto: which drafter, and why
+        if reason is not None:
+            stats.drafter_choice = reason
         if first_at is not None:
             stats.ttft_s = first_at - started
             stats.decode_s = last_at - first_at

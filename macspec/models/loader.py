@@ -29,6 +29,8 @@ class LoadedModels:
     """Ids both models score; None when there is no draft or both tables are the same size."""
     warnings: list[str] = field(default_factory=list)
     """Things the user should know (printed by the CLI, shown by the TUI)."""
+    heads: dict[str, nn.Module] = field(default_factory=dict)
+    """Drafters that read the target's hidden states, by kind ('mtp', 'dflash')."""
 
 
 def load_model(path: Path, role: str) -> tuple[nn.Module, object]:

@@ -1,0 +1,53 @@
+"""The sampled-distribution harness: the exact joint distribution of a target's next tokens by
+enumeration, the joint an engine samples, and the classic wrong rule to show the test's power."""
+
+from __future__ import annotations
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.sampling import SamplingParams, probabilities
+from macspec.engine.verify import Verdict
+
+
+def exact_joint(target, prompt: list[int], params: SamplingParams, vocab: int, length: int = 3):
+    """P(x1 .. x_length) over every sequence, with the same logit processing as sampling."""
+
+    def probs(ids):
+        return np.array(probabilities(target(mx.array(ids)[None])[0, -1:], params))[0]
+
+    joint = np.zeros(vocab**length)
+    for ids in itertools.product(range(vocab), repeat=length):
+        p = 1.0
+        for i in range(length):
+            p *= probs(prompt + list(ids[:i]))[ids[i]]
+        joint[np.ravel_multi_index(ids, (vocab,) * length)] = p
+    return joint
+
+
+def sampled_joint(
+    engine: Engine, prompt: list[int], params: SamplingParams, vocab: int, runs: int, length=3
+) -> tuple[list[int], int]:
+    """(outcome per run, guesses rejected in all) for `runs` seeded generations."""
+    outcomes, rejected = [], 0
+    for seed in range(runs):
+        config = GenerationConfig(max_tokens=length, sampling=params, seed=seed)
+        done = list(engine.generate(prompt, config))[-1]
+        outcomes.append(int(np.ravel_multi_index(tuple(done.tokens), (vocab,) * length)))
+        rejected += done.stats.draft_proposed - done.stats.draft_accepted
+    return outcomes, rejected
+
+
+def resample_from_p(self, logits, draft, params, keys):
+    """Engine._verify with the classic mistake: on a rejection, resample from p itself."""
+    p = probabilities(logits, params)
+    kept = 0
+    for i, token in enumerate(draft.tokens):
+        q = float(draft.q[i, token]) if draft.q is not None else 1.0
+        if mx.random.uniform(key=keys.next()).item() >= float(p[i, token]) / q:
+            break
+        kept += 1
+    return Verdict(kept, int(mx.random.categorical(mx.log(p[kept]), key=keys.next()).item()))
