@@ -191,9 +191,35 @@ def test_user_errors_are_one_line(folders, capsys, extra, message):
     assert message in err and err.count("\n") == 1
 
 
-def test_no_draft_is_an_error(folders, capsys):
-    assert main(["bench", "--model", str(folders[0])]) == 2
-    assert "needs a draft model" in capsys.readouterr().err
+def test_a_target_alone_is_benchmarked_with_lookup(folders, capsys):
+    args = bench_args(folders, "--json")
+    at = args.index("--draft-model")
+    del args[at : at + 2]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = {r["config"]["name"] for r in report["configs"]}
+    assert "macspec k=2" in names and "mlx-lm plain" in names
+    assert not any(n.startswith("mlx-lm k=") for n in names)  # mlx-lm needs a draft model
+    assert main([*args, "--draft", "model"]) == 2
+    assert "--draft model needs a draft model" in capsys.readouterr().err
+
+
+def test_drafters_side_by_side(tmp_path, capsys):
+    """An MTP head and prompt lookup in one benchmark: a row each, all lossless."""
+    target = tiny.near_bigram(tiny.arch_model("qwen3_5", 0, scale=3.0), mix=0.02)
+    folders = (
+        tiny.save_arch_model(target, tmp_path / "target"),
+        tiny.save_mtp_folder(target, tmp_path / "mtp", noise=0.005),
+        tmp_path / "prompts.txt",
+    )
+    folders[2].write_text("Hello there\nWrite a poem about snow\n")
+    assert main(bench_args(folders, "--json", "--draft", "mtp,lookup")) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = {r["config"]["name"] for r in report["configs"]}
+    assert {"macspec k=2", "macspec lookup k=2", "macspec lookup auto"} <= names
+    assert report["lossless"] and all(group["lossless"] for group in report["lossless"])
+    rows = {r["config"]["name"]: r for r in report["configs"] if r["config"]["temperature"] == 0}
+    assert rows["macspec k=2"]["acceptance_rate"] > 0.2  # the MTP head's own row
 
 
 def test_plot_without_matplotlib_fails_before_running(folders, capsys, monkeypatch, tmp_path):

@@ -27,6 +27,9 @@ class BenchConfig:
     kept across the runs, as a chat session keeps its engine's)."""
     temperature: float
     """Sampling temperature; 0 is greedy."""
+    source: str | None = None
+    """macspec's drafter when it is not the benchmark's first (`--draft model,mtp`): 'mtp',
+    'dflash', 'lookup', ...; None for the first, and for mlx-lm."""
 
     @property
     def k(self) -> int | None:
@@ -38,7 +41,8 @@ class BenchConfig:
         """'macspec plain', 'mlx-lm k=3', 'macspec auto': the row label, temperature aside."""
         if self.draft is None:
             return f"{self.tool} plain"
-        return f"{self.tool} {self.draft if self.k is None else f'k={self.k}'}"
+        tool = f"{self.tool} {self.source}" if self.source else self.tool
+        return f"{tool} {self.draft if self.k is None else f'k={self.k}'}"
 
     @property
     def label(self) -> str:

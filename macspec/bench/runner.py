@@ -66,8 +66,10 @@ class BenchSettings:
     warmup: bool = True
     """Run every configuration once, untimed, on a few ids before measuring."""
     draft_source: str = "model"
-    """Where macspec's guesses come from ('model', 'lookup', 'hybrid'); mlx-lm's are always
-    its draft model's. The cost curve times both a draft step and a lookup."""
+    """Where macspec's guesses come from ('model', 'lookup', 'hybrid', 'mtp', 'dflash');
+    mlx-lm's are always its draft model's. The cost curve times a draft step and a lookup."""
+    more_sources: tuple[str, ...] = ()
+    """Other drafters macspec also runs, at the same k and auto, side by side."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 2:
@@ -81,7 +83,10 @@ class BenchSettings:
             )
         if not self.ks or any(k < 1 for k in self.ks):
             raise MacspecError(f"--k needs positive draft lengths, got {list(self.ks)}")
-        check_draft_source(self.draft_source)
+        for source in (self.draft_source, *self.more_sources):
+            check_draft_source(source)
+            if source == "auto":
+                raise MacspecError("--draft auto is not a bench source; list the drafters")
         if self.curve_max_m < max(self.ks) + 1:
             raise MacspecError("the cost curve must reach k + 1 ids for every k")
 
@@ -102,6 +107,10 @@ def plan_configs(settings: BenchSettings, mlx_lm_speculates: bool = True) -> lis
             configs.append(BenchConfig(MACSPEC, "auto", temp))
         if settings.auto_warm:
             configs.append(BenchConfig(MACSPEC, "auto-warm", temp))
+        for source in settings.more_sources:  # every other drafter, side by side
+            configs += [BenchConfig(MACSPEC, str(k), temp, source) for k in settings.ks]
+            if settings.auto:
+                configs.append(BenchConfig(MACSPEC, "auto", temp, source))
     return configs
 
 
@@ -126,14 +135,12 @@ class Runner:
     """Runs one configuration on one prompt over models loaded once."""
 
     def __init__(self, loaded: LoadedModels, settings: BenchSettings):
-        if loaded.draft is None:
-            raise MacspecError("macspec bench needs a draft model (--pair, or --draft-model)")
         self.loaded = loaded
         self.settings = settings
-        self.mlx_lm_speculates = all(
+        self.mlx_lm_speculates = loaded.draft is not None and all(
             can_trim_prompt_cache(make_prompt_cache(m)) for m in (loaded.target, loaded.draft)
         )
-        """mlx-lm speculates only where it can trim both caches."""
+        """mlx-lm speculates only with a draft model, where it can trim both caches."""
         self._warm_policies: dict[BenchConfig, DraftPolicy] = {}
         """'auto-warm' policies, one per configuration, kept from run to run."""
 
@@ -168,7 +175,7 @@ class Runner:
         # A fresh engine per run, as stream_generate makes fresh caches: no reuse between runs.
         drafter, policy = None, None
         if config.draft is not None:
-            drafter = make_drafter(self.settings.draft_source, loaded)
+            drafter = make_drafter(config.source or self.settings.draft_source, loaded)
             if config.draft == "auto-warm":
                 policy = self._warm_policies.setdefault(config, make_policy("auto"))
             else:

@@ -143,8 +143,13 @@ def curve_table(rep: Report, per_row: int = 8) -> Table:
         table.add_row("T(m)/T(1)", *[f"{curve.relative[m]:.2f}" for m in band])
         table.add_row("ms", *[f"{curve.target_s[m] * 1000:.1f}" for m in band], end_section=True)
     table.caption = (
-        f"draft step: {curve.draft_s * 1000:.2f} ms, c = {curve.draft_cost:.2f} of a target "
-        f"pass; prompt lookup: {curve.lookup_s * 1e6:.1f} us per guessed id, "
+        (
+            f"draft step: {curve.draft_s * 1000:.2f} ms, c = {curve.draft_cost:.2f} of a target "
+            "pass; "
+            if curve.draft_s is not None
+            else "no draft model to time; "
+        )
+        + f"prompt lookup: {curve.lookup_s * 1e6:.1f} us per guessed id, "
         f"c = {curve.lookup_cost:.4f}. "
         "T(m)/T(1) is about m on a CPU, about 1 up to ~8 ids on Apple GPUs."
     )
@@ -205,7 +210,7 @@ def render(rep: Report, console: Console) -> None:
     s = result.settings
     console.print(
         f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
-        f" (macspec drafts by {s.draft_source}); "
+        f" (macspec drafts by {', '.join((s.draft_source, *s.more_sources))}); "
         f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
         f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s",
         highlight=False,
@@ -263,7 +268,15 @@ def bench(
         float, typer.Option("--temp", help="The sampling temperature (T=0 always runs too).")
     ] = 0.7,
     top_p: opt.TopP = 1.0,
-    draft: opt.DraftSource = "model",
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            "--draft",
+            help="macspec's drafters, side by side: a comma list of model, lookup, hybrid, mtp, "
+            "dflash, or 'all' (every drafter the pair has, and lookup) [default: the draft "
+            "folder's kind].",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled runs.")] = 0,
     repeats: Annotated[int, typer.Option("--repeats", help="Passes over the prompt set.")] = 1,
     k: Annotated[
@@ -304,8 +317,16 @@ def bench(
     plain decoding, and this device's verify-cost curve with the speedup it predicts.
     """
     from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
-    from macspec.models.loader import load_models
+    from macspec.models.build import choose_source, drafter_folders, load_drafters
     from macspec.models.templates import encode_prompt
+
+    resolved = resolve_models(pair, model, draft_model)
+    folders = drafter_folders(resolved, "auto")
+    if draft == "all":
+        sources = [k for k in ("model", "mtp", "dflash") if k in folders] + ["lookup"]
+    else:
+        sources = [choose_source(s.strip(), folders) for s in (draft or "").split(",") if s.strip()]
+        sources = list(dict.fromkeys(sources or [choose_source(None, folders)]))
 
     ks = parse_ks(k) if k is not None else ((3,) if quick else (2, 3, 4))
     settings = BenchSettings(
@@ -318,7 +339,8 @@ def bench(
         auto_warm=not quick,
         curve_max_m=max(8 if quick else 16, max(ks) + 1),
         curve_repeats=3 if quick else 7,
-        draft_source=draft,
+        draft_source=sources[0],
+        more_sources=tuple(sources[1:]),
     )
     chosen = (
         prompt_sets.load_prompts(prompts)
@@ -331,11 +353,8 @@ def bench(
         fail(f"--plot writes a PNG file; give a name ending in .png, got {plot_file}")
     if plot_file is not None:
         require_matplotlib()
-    resolved = resolve_models(pair, model, draft_model)
-    if resolved.draft is None:
-        fail("macspec bench needs a draft model: pass --draft-model (or --pair)")
     err = Console(stderr=True)
-    loaded = load_models(resolved.target, resolved.draft)
+    loaded = load_drafters(resolved, folders, set(sources))
     for warning in loaded.warnings:
         err.print(f"macspec: warning: {warning}", highlight=False)
     ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]

@@ -94,14 +94,7 @@ def build_engine(
     policy = make_policy(spec)  # validated even with --no-draft: a typo is still an error
     folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
     source = choose_source(draft, folders)
-    wanted = set(folders) if source == "auto" else {"model" if source == "hybrid" else source}
-    target_config = read_config(resolved.target)
-    # Heads' configs are checked against the target's before any weight is loaded.
-    heads = {k: _check_head(folders[k], k, target_config) for k in HEAD_KINDS if k in wanted}
-    model_path = folders.get("model") if "model" in wanted else None
-    loaded = load_models(resolved.target, model_path, resolved.target_name, resolved.draft_name)
-    for kind, load in heads.items():
-        loaded.heads[kind] = load()
+    loaded = load_drafters(resolved, folders, set(folders) if source == "auto" else {source})
     if no_draft:
         return Engine(loaded.target, loaded.tokenizer), loaded
     drafter = make_drafter(source, loaded)
@@ -109,6 +102,21 @@ def build_engine(
         policy = drafter  # it chooses the draft length per candidate, too
     engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, vocab_size=loaded.vocab_size)
     return engine, loaded
+
+
+def load_drafters(
+    resolved: ResolvedModels, folders: dict[str, Path], sources: set[str]
+) -> LoadedModels:
+    """The target and the drafters `sources` need ('hybrid' needs the draft model); heads'
+    configs are checked against the target's before any weight is loaded."""
+    wanted = {"model" if s == "hybrid" else s for s in sources}
+    target_config = read_config(resolved.target)
+    heads = {k: _check_head(folders[k], k, target_config) for k in HEAD_KINDS if k in wanted}
+    model_path = folders.get("model") if "model" in wanted else None
+    loaded = load_models(resolved.target, model_path, resolved.target_name, resolved.draft_name)
+    for kind, load in heads.items():
+        loaded.heads[kind] = load()
+    return loaded
 
 
 def _check_head(folder: Path, kind: str, target_config: dict):
