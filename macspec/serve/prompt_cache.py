@@ -61,8 +61,8 @@ class PromptCache:
         scored = [(shared_prefix(e.tokens, prompt), e) for e in self.entries.values()]
         best_shared, best = max(scored, key=lambda s: s[0], default=(0, None))
         if best is not None and best_shared > live_shared:
+            del self.entries[best.tokens]  # first: saving the live state may evict entries
             self._save(live)
-            del self.entries[best.tokens]
             for model, saved in zip(self.engine.cached_models(), best.saved):
                 model.load(saved)
             self.hits += 1

@@ -72,10 +72,8 @@ class Worker:
         self._running: Job | None = None
         self._lock = threading.Condition()
         self._stopping = False
-        self.completed = 0
-        """Jobs that ran to a Done (stopped, finished or cancelled)."""
-        self.last_done: Done | None = None
-        """The latest Done (tests and /health read it)."""
+        self.recent: deque[Done] = deque(maxlen=32)
+        """The latest generations' Done events, newest last (cancelled ones too)."""
         self._thread = threading.Thread(target=self._run, name="macspec-engine", daemon=True)
 
     def start(self) -> None:
@@ -146,8 +144,8 @@ class Worker:
                 if isinstance(event, Cycle):
                     continue
                 if isinstance(event, Done):
-                    job.done, self.last_done = event, event
-                    self.completed += 1
+                    job.done = event
+                    self.recent.append(event)
                 job.post(event)
         except Exception as exc:  # a bug or an MLX failure: a 500 for this request only
             log.exception("generation failed")
