@@ -44,10 +44,10 @@ def client(server, **kwargs) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, max_retries=0, timeout=60, **kwargs)
 
 
-def post(server, path: str, body, key: str | None = KEY) -> httpx.Response:
+def post(server, path: str, body, key: str | None = KEY, timeout: float = 30) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     data = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(server.base_url + path, content=data, headers=headers, timeout=30)
+    return httpx.post(server.base_url + path, content=data, headers=headers, timeout=timeout)
 
 
 def still_answers(server) -> None:
@@ -220,6 +220,25 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_generation(server):
     assert waited < 2.0  # the 300-token answer was not finished first
 
 
+def test_a_client_that_leaves_the_queue_frees_its_place(server):
+    worker = server.backend.worker
+    api = client(server)
+    long = [{"role": "user", "content": "prompt number 0"}]
+    running = api.chat.completions.create(model="tiny", messages=long, max_tokens=300, stream=True)
+    next(running)
+    waiting = api.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
+    next(waiting)  # the role chunk comes at once; the answer waits for the device
+    assert worker.waiting == 1
+    waiting.close()
+    with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
+        post(server, "/chat/completions", {"model": "tiny", "messages": MESSAGES}, timeout=0.5)
+    deadline = time.monotonic() + 2
+    while worker.waiting and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert worker.waiting == 0  # both left the queue without running
+    running.close()
+
+
 # -- load: 16 clients x 4 turns, none lost or mixed up; 429 when the queue is small ---------------
 def rss_bytes() -> int:
     """This process's resident memory (Linux; 0 where /proc is missing)."""
@@ -347,3 +366,29 @@ def test_a_second_turn_prefills_only_its_new_tokens(server, expected):
     finally:
         cache.size = size
     assert cold["prefilled_tokens"] > usage1.prompt_tokens
+
+
+# -- thinking models -------------------------------------------------------------------------
+def test_a_thinking_model_puts_its_reasoning_in_reasoning_content(tmp_path):
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+    from test_thinking import ANSWER, thinking_engine, write_qwen3_tokenizer
+
+    from macspec.serve.backend import Backend
+
+    write_qwen3_tokenizer(tmp_path)
+    tok = load_tokenizer(tmp_path, eos_token_ids=[258])
+    messages = [{"role": "user", "content": "2+2?"}]
+    engine = thinking_engine(tok, encode_prompt(tok, "2+2?"), ANSWER, draft=True)
+    with ServerThread(Backend(engine, tok, "thinker", k=3)) as running:
+        api = client(running)
+        whole = api.chat.completions.create(model="thinker", messages=messages, max_tokens=200)
+        message = whole.choices[0].message
+        assert message.content == "It is **4**."
+        assert message.model_extra["reasoning_content"] == "The user asks 2+2. That is 4."
+        parts = api.chat.completions.create(
+            model="thinker", messages=messages, max_tokens=200, stream=True
+        )
+        deltas = [c.choices[0].delta for c in parts]
+        reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in deltas)
+        assert reasoning.strip() == "The user asks 2+2. That is 4."
+        assert "".join(d.content or "" for d in deltas) == "It is **4**."
