@@ -192,6 +192,23 @@ def test_the_client_sees_the_status(server):
         client(server).chat.completions.create(model="nope", messages=MESSAGES)
 
 
+def test_a_failing_generation_is_a_500_without_a_traceback(server, monkeypatch):
+    cache = server.backend.worker.prompt_cache
+
+    def broken(prompt):
+        raise RuntimeError("simulated device failure")
+
+    monkeypatch.setattr(cache, "prepare", broken)
+    reply = post(server, "/chat/completions", {"model": "tiny", "messages": MESSAGES})
+    assert reply.status_code == 500
+    assert reply.json()["error"]["type"] == "server_error"
+    assert "simulated" not in reply.text and "Traceback" not in reply.text
+    with pytest.raises(openai.APIError):
+        list(client(server).chat.completions.create(model="tiny", messages=MESSAGES, stream=True))
+    monkeypatch.undo()
+    still_answers(server)
+
+
 def test_the_api_key_is_enforced(server):
     for key in (None, "wrong"):
         reply = post(server, "/chat/completions", {"model": "tiny", "messages": MESSAGES}, key)

@@ -149,18 +149,25 @@ async def answer(
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+    return await whole_response(request, backend, job, renderer)
+
+
+async def whole_response(request: Request, backend: Backend, job: Job, renderer: Renderer):
+    """Wait for the Done, checking now and then that the client is still there."""
+    event = None
     try:
-        while True:
+        while not isinstance(event, (Done, Failed)):
             event = await next_event(job, POLL_S, request)
-            if isinstance(event, Done):
-                log_done(request, 200, job, meta.prompt_tokens)
-                return renderer.response(event, queued_s(job))
-            if isinstance(event, Failed):
-                raise APIError(500, "the generation failed (see the server log)")
     except ClientGone:
-        backend.worker.cancel(job)
         log_line(request, 499, "client closed the connection before the answer")
         return JSONResponse(error_body(400, "client closed the connection"), status_code=499)
+    finally:
+        if not isinstance(event, (Done, Failed)):  # gone, or the server is stopping
+            backend.worker.cancel(job)
+    if isinstance(event, Failed):
+        raise APIError(500, "the generation failed (see the server log)")
+    log_done(request, 200, job, renderer.meta.prompt_tokens)
+    return renderer.response(event, queued_s(job))
 
 
 async def stream_chunks(

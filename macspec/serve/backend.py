@@ -70,6 +70,8 @@ class Backend:
         self.draft = engine.drafter.name if engine.drafter is not None else None
         self.k = k if engine.drafter is not None else None
         self.worker = Worker(engine, max_queue, prompt_cache_size)
+        self.vocab_size = len(tokenizer.get_vocab())
+        """Ids a /v1/completions prompt may hold."""
         self._tokenizer_lock = threading.Lock()
         """Encoding runs on request threads; one at a time (the worker only decodes)."""
 
@@ -109,7 +111,7 @@ class Backend:
             with self._tokenizer_lock:
                 ids = encode_prompt(self.tokenizer, prompt, raw=True)
         else:
-            vocab = len(self.tokenizer.get_vocab())
+            vocab = self.vocab_size
             if any(not 0 <= i < vocab for i in prompt):
                 raise APIError(400, f"token ids must be in 0..{vocab - 1}", "prompt")
             ids = list(prompt)

@@ -138,6 +138,8 @@ class Worker:
 
     def _generate(self, job: Job) -> None:
         job.started_at = time.perf_counter()
+        if job.cancelled():  # its client left as it reached the front of the queue
+            return
         try:
             self.prompt_cache.prepare(job.prompt)
             for event in self.engine.generate(job.prompt, job.config, cancelled=job.cancelled):
