@@ -78,7 +78,7 @@ def test_serve_end_to_end_and_a_stop_drains(folders, tmp_path, stop):
         ask = dict(
             model=str(folders[0]),
             messages=[{"role": "user", "content": "prompt number 0"}],
-            max_tokens=200,
+            max_tokens=120,
         )
         # Once first: MLX's CPU backend compiles kernels with system(), which ignores SIGINT
         # while the compiler runs (Linux only); a Ctrl-C then would be lost, not mishandled.
@@ -95,7 +95,7 @@ def test_serve_end_to_end_and_a_stop_drains(folders, tmp_path, stop):
             process.kill()
     text = log.read_text()
     assert "server stopped" in text and "Traceback" not in text
-    assert re.search(r"POST /v1/chat/completions 200 · \d+ prompt .* 200 tokens", text)
+    assert re.search(r"POST /v1/chat/completions 200 · \d+ prompt .* 120 tokens", text)
     assert "POST /v1/chat/completions 413" in text
     with pytest.raises(httpx.ConnectError):
         httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
