@@ -115,6 +115,7 @@ def test_raw_sse_ends_with_done(server):
 def test_completions_and_models(server, expected):
     api = client(server)
     assert [m.id for m in api.models.list()] == ["tiny"]
+    assert api.models.retrieve("tiny").id == "tiny"
     prompt_ids = encode_prompt(expected.tokenizer, "def f(x):", raw=True)
     want = list(expected.engine.generate(prompt_ids, GenerationConfig(10)))[-1].text
     got = api.completions.create(model="tiny", prompt="def f(x):", max_tokens=10)
@@ -164,6 +165,7 @@ BAD = [
     ("/completions", {"model": "tiny", "prompt": [99999]}, 400, "prompt"),
     ("/chat/completions", {"model": "gpt-4", "messages": MESSAGES}, 404, "model"),
     ("/no/such/route", {}, 404, None),
+    ("/chat/completions", "x" * (33 << 20), 413, None),
     (
         "/chat/completions",
         {"model": "tiny", "messages": [{"role": "user", "content": "word " * 300}]},

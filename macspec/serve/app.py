@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import re
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TypeVar
@@ -36,6 +37,8 @@ UNION_MEMBER = re.compile(r"^(str|int|float|bool|none|[a-z]+\[.*\]|[A-Z]\w*)$")
 
 KEEPALIVE_S = 2.0
 """A stream waiting in the queue sends an SSE comment this often (it finds a gone client)."""
+MAX_BODY_BYTES = 32 << 20
+"""A request body larger than this is refused (413) before it is parsed."""
 POLL_S = 0.25
 """A non-streamed request checks this often whether its client is still there."""
 
@@ -60,7 +63,8 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or token.strip() != api_key:
+        matches = secrets.compare_digest(token.strip().encode(), api_key.encode())
+        if scheme.lower() != "bearer" or not matches:
             raise APIError(401, "Incorrect API key provided", None, "invalid_api_key")
 
     # -- errors ----------------------------------------------------------------------------
@@ -99,8 +103,13 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models(request: Request) -> dict:
         log_line(request, 200, "")
-        card = {"id": backend.model_id, "object": "model", "created": 0, "owned_by": "macspec"}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [model_card(backend)]}
+
+    @app.get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
+    async def model(request: Request, name: str) -> dict:
+        backend.check_model(name)
+        log_line(request, 200, "")
+        return model_card(backend)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request):
@@ -117,6 +126,10 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
         return await answer(request, backend, prepared, body.stream, body.include_usage, False)
 
     return app
+
+
+def model_card(backend: Backend) -> dict:
+    return {"id": backend.model_id, "object": "model", "created": 0, "owned_by": "macspec"}
 
 
 async def answer(
@@ -229,6 +242,8 @@ async def parse(request: Request, schema: type[Body]) -> Body:
     """The JSON body as `schema`, whatever the Content-Type says (curl -d sends a form type);
     a 400 naming the first bad field otherwise."""
     raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise APIError(413, f"the request body is over {MAX_BODY_BYTES >> 20} MiB")
     try:
         data = json.loads(raw)
     except ValueError:
