@@ -385,29 +385,3 @@ def test_a_second_turn_prefills_only_its_new_tokens(server, expected):
     finally:
         cache.size = size
     assert cold["prefilled_tokens"] > usage1.prompt_tokens
-
-
-# -- thinking models -------------------------------------------------------------------------
-def test_a_thinking_model_puts_its_reasoning_in_reasoning_content(tmp_path):
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-    from test_thinking import ANSWER, thinking_engine, write_qwen3_tokenizer
-
-    from macspec.serve.backend import Backend
-
-    write_qwen3_tokenizer(tmp_path)
-    tok = load_tokenizer(tmp_path, eos_token_ids=[258])
-    messages = [{"role": "user", "content": "2+2?"}]
-    engine = thinking_engine(tok, encode_prompt(tok, "2+2?"), ANSWER, draft=True)
-    with ServerThread(Backend(engine, tok, "thinker", k=3)) as running:
-        api = client(running)
-        whole = api.chat.completions.create(model="thinker", messages=messages, max_tokens=200)
-        message = whole.choices[0].message
-        assert message.content == "It is **4**."
-        assert message.model_extra["reasoning_content"] == "The user asks 2+2. That is 4."
-        parts = api.chat.completions.create(
-            model="thinker", messages=messages, max_tokens=200, stream=True
-        )
-        deltas = [c.choices[0].delta for c in parts]
-        reasoning = "".join(d.model_extra.get("reasoning_content") or "" for d in deltas)
-        assert reasoning.strip() == "The user asks 2+2. That is 4."
-        assert "".join(d.content or "" for d in deltas) == "It is **4**."
