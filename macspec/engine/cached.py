@@ -121,6 +121,20 @@ class Checkpoint:
     """Layer index -> a snapshot of that layer cache's attributes."""
 
 
+@dataclass(frozen=True)
+class SavedCache:
+    """A CachedModel's whole state at one moment, for `CachedModel.load` to return to later
+    (a server keeping several conversations' caches). Holds new handles, not copies: MLX copies
+    a buffer only when the live cache then writes into it."""
+
+    tokens: tuple[int, ...]
+    """The ids the cache had seen."""
+    cache: list[Any]
+    """A snapshot of every layer's cache."""
+    checkpoints: dict[str, Checkpoint]
+    """The checkpoints it held (they are never changed in place, so they are shared)."""
+
+
 class CachedModel:
     """A language model, its cache, and `tokens`: exactly the ids the cache has seen."""
 
@@ -325,3 +339,15 @@ class CachedModel:
             shared += 1
         held = self.trim_to(shared)
         return list(prompt[held:])
+
+    # -- saving a whole state ------------------------------------------------------------------
+    def save(self) -> SavedCache:
+        """The state now, to `load` later; TypeError for a cache that cannot be snapshot."""
+        return SavedCache(tuple(self.tokens), snapshot(self.cache), dict(self._checkpoints))
+
+    def load(self, saved: SavedCache) -> None:
+        """Return to a saved state (which stays valid: it can be loaded again)."""
+        self.cache = snapshot(saved.cache)
+        self._tokens, self._lazy = list(saved.tokens), []
+        self._checkpoints = dict(saved.checkpoints)
+        self._pass, self._record_next = None, False

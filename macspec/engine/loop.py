@@ -80,6 +80,13 @@ class Engine:
         self.vocab_size = vocab_size
         """Ids both models score (the draft's embedding table may be padded differently)."""
 
+    def cached_models(self) -> list[CachedModel]:
+        """Every model cache the engine keeps: the target's, and the draft model's if any
+        (a hybrid drafter holds its model drafter as `model`)."""
+        inner = getattr(self.drafter, "model", None)
+        states = [getattr(d, "state", None) for d in (self.drafter, inner)]
+        return [self.target, *(s for s in states if isinstance(s, CachedModel))]
+
     # -- the raw loop --------------------------------------------------------------------
     def _cycles(
         self, prompt: list[int], config: GenerationConfig, keys: KeyStream | None, stats: Stats
