@@ -9,8 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.sampling import SamplingParams, probabilities
-from macspec.engine.verify import Verdict
+from macspec.engine.sampling import SamplingParams, probabilities, sample
 
 
 def exact_joint(target, prompt: list[int], params: SamplingParams, vocab: int, length: int = 3):
@@ -41,13 +40,18 @@ def sampled_joint(
     return outcomes, rejected
 
 
-def resample_from_p(self, logits, draft, params, keys):
-    """Engine._verify with the classic mistake: on a rejection, resample from p itself."""
-    p = probabilities(logits, params)
-    kept = 0
-    for i, token in enumerate(draft.tokens):
-        q = float(draft.q[i, token]) if draft.q is not None else 1.0
-        if mx.random.uniform(key=keys.next()).item() >= float(p[i, token]) / q:
-            break
-        kept += 1
-    return Verdict(kept, int(mx.random.categorical(mx.log(p[kept]), key=keys.next()).item()))
+def resample_from_p(p, q, guesses, cut, key):
+    """loop.sampled_verdict with the classic mistake: on a rejection, resample from p itself
+    instead of the residual max(0, p - q). Same signature, on the device."""
+    k = guesses.size
+    accept_key, sample_key = mx.random.split(key)
+    if k == 0:
+        return mx.array(0), sample(p[:1], sample_key)[0]
+    rows = mx.arange(k)
+    drafted = guesses.astype(mx.int32)
+    q_drafted = q[rows, drafted] if q is not None else mx.ones((k,))
+    kept = (mx.random.uniform(shape=(k,), key=accept_key) * q_drafted < p[rows, drafted]) & (
+        rows < cut
+    )
+    accepted = mx.cumprod(kept.astype(mx.int32)).sum()
+    return accepted, mx.take(sample(p, sample_key), accepted)

@@ -304,7 +304,7 @@ def test_sampling_on_a_hybrid_pair_has_the_targets_distribution(monkeypatch):
     outcomes, rejected = sampled_joint(engine(), prompt, params, V, 1200)
     assert rejected > 300  # the recurrent state was rolled back many times
     assert distribution_matches(outcomes, exact)
-    monkeypatch.setattr(Engine, "_verify", resample_from_p)
+    monkeypatch.setattr("macspec.engine.loop.sampled_verdict", resample_from_p)
     wrong, _ = sampled_joint(engine(), prompt, params, V, 1200)
     assert not distribution_matches(wrong, exact)
 

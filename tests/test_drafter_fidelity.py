@@ -28,6 +28,7 @@ from mlx_vlm.speculative.drafters.qwen3_5_mtp import Qwen3_5MTPDraftModel
 
 from macspec.engine import taps as taps_module
 from macspec.engine.dflash import DFlashDrafter
+from macspec.engine.drafters import Draft
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.mtp import MTPDrafter
 from macspec.engine.policy import FixedPolicy
@@ -50,7 +51,7 @@ class Recorder:
 
     def __init__(self, drafter):
         self.drafter = drafter
-        self.cycles: list[tuple[list[int], list[int], list[mx.array]]] = []
+        self.cycles: list[tuple[list[int], Draft, list[mx.array]]] = []
         self.logits: list[mx.array] = []
         head = drafter.lm_head
 
@@ -67,7 +68,8 @@ class Recorder:
     def propose(self, context, k, params, key, floor):
         self.logits = []
         draft = self.drafter.propose(context, k, params, key, floor)
-        self.cycles.append((list(context), draft.tokens, self.logits))
+        # The engine reads the guesses with its verdict, then sets draft.tokens to them.
+        self.cycles.append((list(context), draft, self.logits))
         return draft
 
 
@@ -104,7 +106,8 @@ def mtp_setup(tmp_path_factory):
 def mtp_mismatches(target, recorder, reference) -> int:
     """Cycles whose guesses or logits differ from mlx-vlm's drafter on the same context."""
     bad = 0
-    for context, guesses, logits in recorder.cycles:
+    for context, draft, logits in recorder.cycles:
+        guesses = list(draft.tokens)
         n = len(context)
         hidden = post_norm_hidden(target, context[: n - 1])  # h_0 .. h_{n-2}
         cache = [KVCache() for _ in reference.layers]
@@ -133,7 +136,7 @@ def test_mtp_drafts_and_logits_equal_mlx_vlm(tok, mtp_setup):
     target, head, reference = mtp_setup
     recorder = run_cycles(tok, target, MTPDrafter(head, target))
     assert len(recorder.cycles) >= 4
-    proposed = [len(g) for _, g, _ in recorder.cycles]
+    proposed = [len(d.tokens) for _, d, _ in recorder.cycles]
     assert max(proposed) == K
     assert mtp_mismatches(target, recorder, reference) == 0
 
@@ -208,7 +211,8 @@ def dflash_mismatches(recorder, twin, reference) -> int:
     bad = 0
     block = reference.config.block_size
     mask = reference.config.mask_token_id
-    for context, guesses, logits in recorder.cycles:
+    for context, draft, logits in recorder.cycles:
+        guesses = list(draft.tokens)
         n = len(context)
         twin(mx.array(context[: n - 1])[None], make_prompt_cache(twin))
         hidden = mx.concatenate(twin._hidden_states, axis=-1)

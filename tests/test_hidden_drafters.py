@@ -364,7 +364,7 @@ def test_sampling_with_each_drafter_has_the_targets_distribution(drafter_kind, m
     assert rejected > 200
     assert distribution_matches(outcomes, exact)
     if drafter_kind == "mtp":
-        monkeypatch.setattr(Engine, "_verify", resample_from_p)
+        monkeypatch.setattr("macspec.engine.loop.sampled_verdict", resample_from_p)
         wrong, _ = sampled_joint(
             Engine(target, IdTokenizer(), drafter(), FixedPolicy(2)), prompt, params, V, 1200
         )

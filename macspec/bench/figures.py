@@ -90,6 +90,8 @@ class RunRecord:
     refed: int = 0
     """Of those, ids fed again after a checkpoint was restored: what rolling back recurrent or
     wrapped sliding-window caches costs (macspec only; 0 for attention-only targets)."""
+    waits: int = 0
+    """Blocking host-device waits over the run (bench/waits.py): each idles an Apple GPU."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -230,6 +232,8 @@ class ConfigSummary:
     """Ids fed again after checkpoint restores, over all runs."""
     refed_share: float | None = None
     """refed over all ids the target's passes processed: the verify work restores added."""
+    waits_per_pass: float | None = None
+    """Blocking host-device waits per target pass (per cycle): 1 is the least a step needs."""
 
 
 def summarize(records: Sequence[RunRecord]) -> list[ConfigSummary]:
@@ -275,6 +279,7 @@ def summarize(records: Sequence[RunRecord]) -> list[ConfigSummary]:
                 peak_memory_bytes=max(r.peak_memory_bytes for r in runs),
                 refed=sum(r.refed for r in runs),
                 refed_share=ratio(sum(r.refed for r in runs), sum(r.fed for r in runs)),
+                waits_per_pass=ratio(sum(r.waits for r in runs), passes),
             )
         )
     return summaries

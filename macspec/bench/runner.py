@@ -29,6 +29,7 @@ from macspec.bench.figures import (
     replay_mlx_cycles,
 )
 from macspec.bench.theory import CostCurve
+from macspec.bench.waits import WaitCounter
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import DraftPolicy, make_policy
@@ -157,9 +158,15 @@ class Runner:
         mx.clear_cache()
         mx.reset_peak_memory()
         go = self._macspec if config.tool == MACSPEC else self._mlx
-        record = go(config, prompt_ids, max_tokens, seed)
+        models = [self.loaded.target, self.loaded.draft, *self.loaded.heads.values()]
+        with WaitCounter(models) as waits:
+            record = go(config, prompt_ids, max_tokens, seed)
         return replace(
-            record, prompt=prompt, repeat=repeat, peak_memory_bytes=int(mx.get_peak_memory())
+            record,
+            prompt=prompt,
+            repeat=repeat,
+            peak_memory_bytes=int(mx.get_peak_memory()),
+            waits=waits.count,
         )
 
     def _macspec(

@@ -60,7 +60,16 @@ def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
         pad_edge=False,
     )
     table.add_column("config", no_wrap=True)
-    for name in ("tok/s", "speedup", "accept", "tok/\npass", "wasted", "k", "TTFT\nms", "peak\nMB"):
+    for name in (
+        "tok/s",
+        "speedup",
+        "accept",
+        "tok/\npass",
+        "k",
+        "wait/\npass",
+        "TTFT\nms",
+        "peak\nMB",
+    ):
         table.add_column(name, justify="right", no_wrap=True)
     refeeds = any(s.refed for s in rows)  # a target that rolls back by restoring checkpoints
     if refeeds:
@@ -73,8 +82,8 @@ def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
             _with_iqr(s.speedup, 2, "x"),
             _share(s.acceptance_rate),
             _num(s.tokens_per_pass),
-            str(s.wasted) if s.proposed else "-",
             _num(s.draft_length, 1) if s.config.draft else "-",
+            _num(s.waits_per_pass),
             "-" if s.ttft_s is None else f"{s.ttft_s.median * 1000:.0f}",
             f"{s.peak_memory_bytes / 1e6:.0f}",
             *refed,

@@ -23,7 +23,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
-from macspec.engine.drafters import Draft, truncate_at_floor
+from macspec.engine.drafters import Draft, device_draft
 from macspec.engine.mtp import embedding_and_head
 from macspec.engine.sampling import SamplingParams, probabilities, sample
 from macspec.engine.taps import Hidden, HiddenRows, HiddenSpec, inner_model
@@ -238,7 +238,7 @@ class DFlashDrafter:
         out = self.model(x, rows, self.cache)[0, 1 : 1 + k]
         logits = (self.lm_head(out) * self.config.output_multiplier)[:, : self.vocab_size]
         keys = mx.random.split(key, k) if key is not None else None
-        guesses, dists = [], []
+        guesses = []
         for i in range(k):
             row = logits[i : i + 1]
             if params.greedy:
@@ -246,7 +246,5 @@ class DFlashDrafter:
             else:
                 q = probabilities(row, params)
                 guesses.append((sample(q, keys[i]), q))
-                dists.append(q)
-        draft = truncate_at_floor(guesses, dists, confidence_floor, params, n - 1 - lo, self.name)
-        draft.steps = 1  # one pass drafts the whole block
-        return draft
+        # One pass drafts the whole block.
+        return device_draft(guesses, params, confidence_floor, 1, n - 1 - lo, self.name)

@@ -182,8 +182,8 @@ class _Pending:
     """Length of the context they were guessed after."""
     source: str
     """'lookup' or 'model': who was asked."""
-    guess: list[int]
-    """What was proposed."""
+    draft: Draft
+    """What was proposed (its tokens: the guesses that counted, once the engine read them)."""
     lookup_guess: list[int] | None
     """The long lookup match there was (proposed or not); None when there was none."""
 
@@ -273,7 +273,7 @@ class HybridDrafter:
         else:
             draft = self.model.propose(context, k, params, key, confidence_floor)
         lookup_guess = long.tokens if long is not None else None
-        self._pending = _Pending(len(context), draft.source, draft.tokens, lookup_guess)
+        self._pending = _Pending(len(context), draft.source, draft, lookup_guess)
         return draft
 
     def _learn(self, context: Sequence[int]) -> None:
@@ -282,5 +282,5 @@ class HybridDrafter:
             return  # only contexts with a long match inform the choice
         committed = context[pending.at :]
         if pending.source == "model":
-            self.kept["model"].add(_kept(pending.guess, committed))
+            self.kept["model"].add(_kept(list(pending.draft.tokens), committed))
         self.kept["lookup"].add(_kept(pending.lookup_guess, committed))

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.cached import CachedModel
-from macspec.engine.drafters import Draft, Drafter
+from macspec.engine.drafters import Drafter
 from macspec.engine.events import Cycle, Done, Event, Source, Token
 from macspec.engine.policy import AutoPolicy, DraftPolicy
 from macspec.engine.sampling import KeyStream, SamplingParams, probabilities, sample
 from macspec.engine.stats import Stats
 from macspec.engine.stops import StopScanner
-from macspec.engine.verify import Verdict, verify_greedy, verify_sampled
+from macspec.engine.verify import greedy_verdict, sampled_verdict
 from macspec.errors import MacspecError
 
+PROBE_EVERY = 8
+"""Every this many speculative cycles (and the first few), one waits after drafting too, so
+drafting and verifying are timed apart for the policy; the others wait once."""
 MAX_REFEED = 8
 """Most ids a verify pass feeds again after checkpoint restores before a plain step catches up."""
 
@@ -75,6 +78,8 @@ class Engine:
                 self.target.tap(needs, drafter.add_hidden)
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self._eos = mx.array(sorted(self.eos_ids), mx.int32)
+        self._cycles_run = 0
         self.drafter = drafter
         self.policy = policy if policy is not None or drafter is None else AutoPolicy()
         self.vocab_size = vocab_size
@@ -130,45 +135,13 @@ class Engine:
                     continue
 
                 # Draft, verify all guesses in one target pass, accept, roll back.
-                key = keys.next() if keys is not None else None
-                draft = drafter.propose(context, k, params, key, self.policy.confidence_floor)
-                draft = self._cut_at_eos(draft)
-                drafted = time.perf_counter()
-
-                guesses = draft.tokens
-                # Ids after a restored checkpoint are fed again here, in the same pass.
-                pending = context[len(target) :]
-                target.checkpoint()
-                logits = target.forward(pending + guesses)
-                logits = logits[-(len(guesses) + 1) :, : self.vocab_size]
-                verdict = self._verify(logits, draft, params, keys)
-                verified = time.perf_counter()
-
-                n = verdict.accepted
-                # Keep the kept guesses (the new token is fed next cycle); a recurrent model
-                # returns to the checkpoint instead and feeds the kept ones again then.
-                target.trim_to(len(context) + n)
-                context += guesses[:n] + [verdict.token]
-                drafter.rollback(len(context) - 1)
-                cycle = Cycle(
-                    requested=requested,
-                    proposed=len(guesses),
-                    accepted=n,
-                    draft_s=drafted - begun,
-                    verify_s=verified - drafted,
-                    overhead_s=time.perf_counter() - verified,
-                    draft_steps=draft.steps,
-                    draft_fed=draft.fed,
-                    draft_source=draft.source if guesses else None,
-                    fed=len(pending) + len(guesses),
-                    refed=len(pending) - 1,
-                )
+                cycle, kept = self._speculate(context, k, requested, params, keys, begun)
                 self.policy.observe(cycle)
                 # The record comes first: a consumer that stops mid-cycle has still counted it.
                 yield cycle
-                for i, token in enumerate(guesses[:n] + [verdict.token]):
+                for i, token in enumerate(kept):
                     progress.delivered += 1
-                    yield token, (Source.DRAFT if i < n else Source.TARGET)
+                    yield token, (Source.DRAFT if i < len(kept) - 1 else Source.TARGET)
         finally:
             # Closed early (EOS, stop string, cancel, Ctrl-C): drop what was not delivered.
             keep = len(prompt) + progress.delivered - 1
@@ -239,19 +212,80 @@ class Engine:
             return mx.argmax(logits, axis=-1)
         return sample(probabilities(logits, params), keys.next())
 
-    def _cut_at_eos(self, draft: Draft) -> Draft:
-        for i, token in enumerate(draft.tokens):
-            if token in self.eos_ids:  # nothing after an end of sequence can be used
-                q = draft.q[: i + 1] if draft.q is not None else None
-                return replace(draft, tokens=draft.tokens[: i + 1], q=q)
-        return draft
-
-    def _verify(
-        self, logits: mx.array, draft: Draft, params: SamplingParams, keys: KeyStream | None
-    ) -> Verdict:
+    def _speculate(
+        self,
+        context: list[int],
+        k: int,
+        requested: int,
+        params: SamplingParams,
+        keys: KeyStream | None,
+        begun: float,
+    ) -> tuple[Cycle, list[int]]:
+        """One cycle: draft, verify in one target pass, accept, roll back. The guesses stay on
+        the device into the verify pass, and the verdict is read with them: one wait. A probe
+        cycle now and then waits after drafting too, to time drafting and verifying apart."""
+        target, params_key = self.target, keys.next() if keys is not None else None
+        self._cycles_run += 1
+        timed = self._cycles_run <= 4 or self._cycles_run % PROBE_EVERY == 0
+        draft = self.drafter.propose(context, k, params, params_key, self.policy.confidence_floor)
+        guesses = draft.tokens
+        if not isinstance(guesses, mx.array):
+            guesses = mx.array(list(guesses), mx.uint32)
+        if timed:
+            mx.eval(guesses)
+        drafted = time.perf_counter()
+        pending = context[len(target) :]  # after a restored checkpoint: ids to feed again
+        target.checkpoint()
+        ids = mx.concatenate([mx.array(pending, mx.uint32), guesses.astype(mx.uint32)])
+        logits = target.forward(ids)[-(guesses.size + 1) :, : self.vocab_size]
+        cut = self._cut(guesses, draft.confidence)
         if params.greedy:
-            return verify_greedy(logits, draft.tokens)
-        return verify_sampled(probabilities(logits, params), draft.q, draft.tokens, keys.next())
+            accepted, token = greedy_verdict(logits, guesses, cut)
+        else:
+            p = probabilities(logits, params)
+            accepted, token = sampled_verdict(p, draft.q, guesses, cut, keys.next())
+        # The cycle's one wait: how many guesses count, the verdict, and the guesses.
+        head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
+        read = mx.concatenate([head, guesses.astype(mx.int32)]).tolist()
+        verified = time.perf_counter()
+        cut, n, token, counted = read[0], read[1], read[2], read[3 : 3 + read[0]]
+        draft.tokens = counted  # what the drafter proposed that counted, now known
+        # Keep the kept guesses (the new token is fed next cycle); a recurrent model returns
+        # to the checkpoint instead and feeds the kept ones again then.
+        target.trim_to(len(context) + n)
+        kept = counted[:n] + [token]
+        context += kept
+        self.drafter.rollback(len(context) - 1)
+        cycle = Cycle(
+            requested=requested,
+            proposed=cut,
+            accepted=n,
+            draft_s=drafted - begun if timed else 0.0,
+            verify_s=verified - (drafted if timed else begun),
+            overhead_s=time.perf_counter() - verified,
+            draft_steps=draft.steps,
+            draft_fed=draft.fed,
+            draft_source=draft.source if cut else None,
+            fed=len(pending) + guesses.size,
+            refed=len(pending) - 1,
+            timed=timed,
+        )
+        return cycle, kept
+
+    def _cut(self, guesses: mx.array, confidence: mx.array | None) -> mx.array:
+        """How many guesses count, on the device: up to the first one the drafter was less sure
+        of than the policy's floor, and through the first end of sequence."""
+        k = guesses.size
+        cut = mx.array(k, mx.int32)
+        floor = self.policy.confidence_floor
+        if confidence is not None and floor is not None:
+            sure = mx.cumprod((confidence >= floor).astype(mx.int32)).sum()
+            cut = mx.minimum(cut, sure)
+        if k and self._eos.size:
+            is_eos = (guesses[:, None].astype(mx.int32) == self._eos[None]).any(axis=-1)
+            first = mx.where(is_eos.any(), mx.argmax(is_eos).astype(mx.int32) + 1, k)
+            cut = mx.minimum(cut, first)
+        return cut
 
     # -- events ----------------------------------------------------------------------------
     def generate(

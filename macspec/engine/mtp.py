@@ -25,7 +25,7 @@ from mlx_lm.models import qwen3_5
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from macspec.engine.drafters import Draft, truncate_at_floor
+from macspec.engine.drafters import Draft, device_draft
 from macspec.engine.sampling import SamplingParams, probabilities, sample
 from macspec.engine.taps import Hidden, HiddenRows, HiddenSpec, inner_model
 
@@ -146,20 +146,18 @@ class MTPDrafter:
         self.exact = n - 1
         fed = n - 1 - lo
         keys = mx.random.split(key, k) if key is not None else None
-        guesses, dists = [], []
+        guesses = []
         for i in range(k):
             logits = self.lm_head(out)[:, : self.vocab_size]
             if params.greedy:
-                token, q = mx.argmax(logits, axis=-1), None
+                token, row = mx.argmax(logits, axis=-1), logits
             else:
-                q = probabilities(logits, params)
-                token = sample(q, keys[i])
-            guesses.append((token, logits if q is None else q))
-            if q is not None:
-                dists.append(q)
+                row = probabilities(logits, params)
+                token = sample(row, keys[i])
+            guesses.append((token, row))
             if i + 1 < k:  # the head's own output is the next step's hidden state
                 out = self.head(
                     self.embed(token.astype(mx.uint32)), self._feedback(out), self.cache
                 )
                 fed += 1
-        return truncate_at_floor(guesses, dists, confidence_floor, params, fed, self.name)
+        return device_draft(guesses, params, confidence_floor, k, fed, self.name)
