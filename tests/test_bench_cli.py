@@ -121,8 +121,9 @@ def test_json_has_every_configuration_and_figure(folders, capsys):
         assert entry["tokens_per_pass"] == pytest.approx(
             sum(r["generated_tokens"] for r in runs) / sum(r["passes"] for r in runs)
         )
-    assert len(out["lossless"]) == 6 and all(g["lossless"] for g in out["lossless"])
-    assert len(out["checks"]) == 4 * 6  # 2 prompts x 2 repeats x 6 pairings
+    # T=0: 6 pairings; T=0.7: the coupled k=2 and auto runs against plain, same seed.
+    assert len(out["lossless"]) == 8 and all(g["lossless"] for g in out["lossless"])
+    assert len(out["checks"]) == 4 * 8  # 2 prompts x 2 repeats x 8 pairings
     curve = out["cost_curve"]
     assert len(curve["relative"]) == 8 and curve["relative"][0] == 1.0 and curve["draft_cost"] > 0
     # a lookup is timed too, and costs far less than a draft model's forward pass
@@ -131,6 +132,7 @@ def test_json_has_every_configuration_and_figure(folders, capsys):
         "macspec k=2 T=0",
         "mlx-lm k=2 T=0",
         "macspec k=2 T=0.7",
+        "rejection k=2 T=0.7",
         "mlx-lm k=2 T=0.7",
     }
     assert len(out["best_k"]) == 2
@@ -142,8 +144,8 @@ def test_json_has_every_configuration_and_figure(folders, capsys):
 def test_a_target_whose_output_differs_is_not_lossless(folders, capsys, monkeypatch):
     original = macspec.bench.runner.Runner._macspec
 
-    def perturbed(self, config, prompt_ids, max_tokens, seed):
-        run = original(self, config, prompt_ids, max_tokens, seed)
+    def perturbed(self, config, prompt_ids, max_tokens, seed, waits):
+        run = original(self, config, prompt_ids, max_tokens, seed, waits)
         if config.draft == "2" and config.temperature == 0:
             tokens = list(run.tokens)
             tokens[4] = (tokens[4] + 1) % 256
@@ -169,7 +171,8 @@ def test_table_output(folders, capsys):
         "decoding at T=0.7",
         "mlx-lm k=2",
         "macspec auto",
-        "lossless at T=0",
+        "lossless: identical ids",
+        "rejection k=2",
         "verify cost",
         "theory against measurement",
     ):

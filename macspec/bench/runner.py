@@ -112,6 +112,10 @@ def plan_configs(settings: BenchSettings, mlx_lm_speculates: bool = True) -> lis
             configs += [BenchConfig(MACSPEC, str(k), temp, source) for k in settings.ks]
             if settings.auto:
                 configs.append(BenchConfig(MACSPEC, "auto", temp, source))
+        if temp > 0:  # the rejection rule beside the coupled one: acceptance compared
+            configs += [
+                BenchConfig(MACSPEC, str(k), temp, sampler="rejection") for k in settings.ks
+            ]
     return configs
 
 
@@ -160,21 +164,23 @@ class Runner:
         go = self._macspec if config.tool == MACSPEC else self._mlx
         models = [self.loaded.target, self.loaded.draft, *self.loaded.heads.values()]
         with WaitCounter(models) as waits:
-            record = go(config, prompt_ids, max_tokens, seed)
+            record = go(config, prompt_ids, max_tokens, seed, waits)
         return replace(
             record,
             prompt=prompt,
             repeat=repeat,
             peak_memory_bytes=int(mx.get_peak_memory()),
-            waits=waits.count,
+            waits=waits.count - waits.at_first_token,
         )
 
     def _macspec(
-        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int
+        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int, waits
     ) -> RunRecord:
         loaded = self.loaded
         sampling = SamplingParams(temperature=config.temperature, top_p=self.settings.top_p)
-        generation = GenerationConfig(max_tokens=max_tokens, sampling=sampling, seed=seed)
+        generation = GenerationConfig(
+            max_tokens=max_tokens, sampling=sampling, seed=seed, sampler=config.sampler
+        )
         arrivals: list[float] = []
         passes = proposed = accepted = rejections = first_pass = fed = refed = 0
         done = None
@@ -190,6 +196,8 @@ class Runner:
         engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
         for event in engine.generate(prompt_ids, generation):
             if isinstance(event, Token):
+                if not arrivals:
+                    waits.first_token()
                 arrivals.append(time.perf_counter() - started)
                 first_pass += passes == 1
             elif isinstance(event, Cycle):
@@ -221,7 +229,7 @@ class Runner:
         )
 
     def _mlx(
-        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int
+        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int, waits
     ) -> RunRecord:
         loaded = self.loaded
         top_p = self.settings.top_p if self.settings.top_p < 1 else 0.0  # mlx-lm: 0 is off
@@ -240,6 +248,8 @@ class Runner:
             if response.finish_reason == "stop":  # it carries the end-of-sequence id
                 finish = "stop"
                 continue
+            if not arrivals:
+                waits.first_token()
             arrivals.append(time.perf_counter() - started)
             tokens.append(int(response.token))
         elapsed = time.perf_counter() - started

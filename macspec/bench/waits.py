@@ -22,8 +22,13 @@ class WaitCounter:
     def __init__(self, models: Iterable[nn.Module]):
         self.classes = list(dict.fromkeys(type(m) for m in models if m is not None))
         self.count = 0
+        self.at_first_token = 0
+        """The count when the first id arrived: the prompt's prefill is not a decoding wait."""
         self._queued = False
         self._saved: list[tuple[object, str, object]] = []
+
+    def first_token(self) -> None:
+        self.at_first_token = self.count
 
     def _patch(self, owner: object, name: str, replacement) -> None:
         self._saved.append((owner, name, getattr(owner, name)))

@@ -108,7 +108,7 @@ def _difference(rep: Report, d) -> str:
 
 def lossless_table(rep: Report, groups: list[LosslessSummary]) -> Table:
     table = Table(
-        title="lossless at T=0: identical ids, prompt by prompt",
+        title="lossless: identical ids, prompt by prompt (T>0: coupled, same seed)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         collapse_padding=True,
@@ -123,7 +123,7 @@ def lossless_table(rep: Report, groups: list[LosslessSummary]) -> Table:
         if len(g.differences) > 4:
             shown.append(f"... {len(g.differences) - 4} more (see --json)")
         table.add_row(
-            g.config.name, g.reference.name, f"[{style}]{verdict}[/]", "; ".join(shown) or "-"
+            g.config.label, g.reference.label, f"[{style}]{verdict}[/]", "; ".join(shown) or "-"
         )
     table.caption = (
         "first differences: prompt#repeat @position: id vs reference id; gap: the target's "

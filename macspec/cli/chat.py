@@ -36,6 +36,7 @@ def chat(
     think: opt.Think = None,
     system: opt.System = None,
     chat_template_args: opt.ChatTemplateArgs = None,
+    sampler: opt.Sampler = None,
     resume: Annotated[
         int | None,
         typer.Option("--resume", "-r", help="Continue the stored conversation with this id."),
@@ -54,7 +55,7 @@ def chat(
     # MLX and mlx-lm load here, not at import: `macspec --help` and `history` stay instant.
     from macspec.chat.session import open_models
     from macspec.engine.loop import GenerationConfig
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.sampling import SamplingParams, choose_sampler
     from macspec.models.build import needs_draft_model
     from macspec.models.templates import template_args
 
@@ -66,7 +67,10 @@ def chat(
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
         stop_strings=tuple(stop or ()),
         seed=seed,
+        sampler=sampler,
     )
+    if temp > 0:
+        choose_sampler(sampler, seed)  # before any model loads
     store = Store()
     notes: list[str] = []
     conversation_id = resume

@@ -64,3 +64,12 @@ ChatTemplateArgs = Annotated[
         help="Extra chat template arguments as a JSON object, e.g. '{\"enable_thinking\": false}'.",
     ),
 ]
+Sampler = Annotated[
+    str | None,
+    typer.Option(
+        "--sampler",
+        help="Sampled runs: 'coupled' (the output is exactly plain decoding's with the same "
+        "--seed, whatever drafts) or 'rejection' (keeps the most guesses) [default: coupled "
+        "with a --seed, else rejection].",
+    ),
+]

@@ -48,12 +48,13 @@ def run(
     think: opt.Think = None,
     system: opt.System = None,
     chat_template_args: opt.ChatTemplateArgs = None,
+    sampler: opt.Sampler = None,
 ) -> None:
     """Answer one prompt with speculative decoding, streaming the text as it comes."""
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
     from macspec.engine.events import Done, Token
     from macspec.engine.loop import GenerationConfig
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.sampling import SamplingParams, choose_sampler
     from macspec.engine.stats import summary_line
     from macspec.models.build import build_engine, needs_draft_model
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
@@ -66,7 +67,10 @@ def run(
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
         stop_strings=tuple(stop or ()),
         seed=seed,
+        sampler=sampler,
     )
+    if temp > 0:
+        choose_sampler(sampler, seed)  # a bad --sampler fails before any model loads
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
@@ -110,6 +114,7 @@ def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str,
         "model": resolved.target_name,
         "draft_model": resolved.draft_name if engine.drafter is not None else None,
         "drafter": engine.drafter.name if engine.drafter is not None else None,
+        "sampler": done.stats.sampler,
         "pair": resolved.pair.name if resolved.pair is not None else None,
         "prompt_tokens": prompt_ids,
         "tokens": done.tokens,

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import mlx.core as mx
-
 from macspec.engine.cycle import Cycle
 from macspec.engine.drafters import Draft, Drafter
 from macspec.engine.policy import AutoPolicy
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.sampling import Draws, SamplingParams
 from macspec.engine.taps import Hidden, HiddenSpec
 
 
@@ -113,7 +111,7 @@ class DrafterChoice:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
-        return self.drafters[self.current].propose(context, k, params, key, confidence_floor)
+        return self.drafters[self.current].propose(context, k, params, draws, confidence_floor)

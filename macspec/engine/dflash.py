@@ -25,7 +25,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from macspec.engine.drafters import Draft, device_draft
 from macspec.engine.mtp import embedding_and_head
-from macspec.engine.sampling import SamplingParams, probabilities, sample
+from macspec.engine.sampling import Draws, SamplingParams, probabilities
 from macspec.engine.taps import Hidden, HiddenRows, HiddenSpec, inner_model
 from macspec.errors import MacspecError
 
@@ -222,7 +222,7 @@ class DFlashDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         n = len(context)
@@ -237,7 +237,6 @@ class DFlashDrafter:
         rows = self.hidden.get(lo, n - 1)[None] if lo < n - 1 else mx.zeros((1, 0, self.width))
         out = self.model(x, rows, self.cache)[0, 1 : 1 + k]
         logits = (self.lm_head(out) * self.config.output_multiplier)[:, : self.vocab_size]
-        keys = mx.random.split(key, k) if key is not None else None
         guesses = []
         for i in range(k):
             row = logits[i : i + 1]
@@ -245,6 +244,6 @@ class DFlashDrafter:
                 guesses.append((mx.argmax(row, axis=-1), row))
             else:
                 q = probabilities(row, params)
-                guesses.append((sample(q, keys[i]), q))
+                guesses.append((draws(q, i), q))
         # One pass drafts the whole block.
         return device_draft(guesses, params, confidence_floor, 1, n - 1 - lo, self.name)

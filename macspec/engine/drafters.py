@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.cached import CachedModel
-from macspec.engine.sampling import SamplingParams, probabilities, sample
+from macspec.engine.sampling import Draws, SamplingParams, probabilities
 
 
 @dataclass
@@ -52,13 +52,13 @@ class Drafter(Protocol):
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         """Guess up to k tokens after `context` (prompt + all committed tokens).
 
         With a `confidence_floor`, stop before a guess whose top probability falls below it.
-        `key` is set when sampling (params.temperature > 0).
+        `draws` turns distributions into guesses when sampling (params.temperature > 0).
         """
 
     def rollback(self, keep: int) -> None:
@@ -89,13 +89,12 @@ class ModelDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         self.state.checkpoint()  # a recurrent draft returns here after its guesses are judged
         feed: Sequence[int] | mx.array = context[len(self.state) :]
         fed = len(feed)
-        keys = mx.random.split(key, k) if key is not None else None
         steps: list[tuple[mx.array, mx.array]] = []
         for i in range(k):
             logits = self.state.forward(feed)[-1:, : self.vocab_size]
@@ -103,7 +102,7 @@ class ModelDrafter:
                 token, row = mx.argmax(logits, axis=-1), logits
             else:
                 row = probabilities(logits, params)
-                token = sample(row, keys[i])
+                token = draws(row, i)
             steps.append((token, row))
             if i + 1 < k:
                 # The last guess needs no forward pass of its own: the target scores it.

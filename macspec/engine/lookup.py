@@ -16,10 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import mlx.core as mx
-
 from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.sampling import Draws, SamplingParams
 from macspec.engine.stats import Ema
 
 
@@ -166,7 +164,7 @@ class LookupDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         # Deterministic guesses have no confidence to stop on: `confidence_floor` is unused.
@@ -260,7 +258,7 @@ class HybridDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         self._learn(context)
@@ -271,7 +269,7 @@ class HybridDrafter:
         if long is not None and self.prefers_lookup():
             draft = Draft(tokens=long.tokens, q=None, source=self.lookup.name)
         else:
-            draft = self.model.propose(context, k, params, key, confidence_floor)
+            draft = self.model.propose(context, k, params, draws, confidence_floor)
         lookup_guess = long.tokens if long is not None else None
         self._pending = _Pending(len(context), draft.source, draft, lookup_guess)
         return draft

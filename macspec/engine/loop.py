@@ -18,7 +18,7 @@ from macspec.engine.cached import CachedModel
 from macspec.engine.drafters import Drafter
 from macspec.engine.events import Cycle, Done, Event, Source, Token
 from macspec.engine.policy import AutoPolicy, DraftPolicy
-from macspec.engine.sampling import KeyStream, SamplingParams, probabilities, sample
+from macspec.engine.sampling import Randomness, SamplingParams, choose_sampler, probabilities
 from macspec.engine.stats import Stats
 from macspec.engine.stops import StopScanner
 from macspec.engine.verify import greedy_verdict, sampled_verdict
@@ -43,6 +43,9 @@ class GenerationConfig:
     """Text that ends the answer when it appears (it is not shown)."""
     seed: int | None = None
     """Seed for sampled runs; None draws a fresh one."""
+    sampler: str | None = None
+    """Sampled runs: 'coupled' (output identical to plain decoding with the seed, whatever
+    drafts) or 'rejection' (the most guesses kept); None: coupled with a seed, else rejection."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -94,7 +97,7 @@ class Engine:
 
     # -- the raw loop --------------------------------------------------------------------
     def _cycles(
-        self, prompt: list[int], config: GenerationConfig, keys: KeyStream | None, stats: Stats
+        self, prompt: list[int], config: GenerationConfig, rng: Randomness | None, stats: Stats
     ) -> Iterator[Cycle | tuple[int, Source]]:
         target, drafter, params = self.target, self.drafter, config.sampling
         started = time.perf_counter()
@@ -122,20 +125,20 @@ class Engine:
                 # The target adds one token of its own: never guess past max_tokens.
                 k = min(requested, config.max_tokens - progress.delivered - 1)
                 if k <= 0:
-                    yield from self._plain_stretch(context, config, keys, progress, requested)
+                    yield from self._plain_stretch(context, config, rng, progress, requested)
                     continue
                 if len(context) - len(target) > MAX_REFEED:
                     # Restores in a row (recurrent layers without an exact rewind) have piled up
                     # ids to feed again: catch up with a plain step, which yields a token of its
                     # own, rather than widen every pass. Then draft as the policy asked.
                     yield from self._plain_stretch(
-                        context, config, keys, progress, requested, once=True
+                        context, config, rng, progress, requested, once=True
                     )
                     progress.decided = requested
                     continue
 
                 # Draft, verify all guesses in one target pass, accept, roll back.
-                cycle, kept = self._speculate(context, k, requested, params, keys, begun)
+                cycle, kept = self._speculate(context, k, requested, params, rng, begun)
                 self.policy.observe(cycle)
                 # The record comes first: a consumer that stops mid-cycle has still counted it.
                 yield cycle
@@ -153,7 +156,7 @@ class Engine:
         self,
         context: list[int],
         config: GenerationConfig,
-        keys: KeyStream | None,
+        rng: Randomness | None,
         progress: _Progress,
         requested: int,
         once: bool = False,
@@ -168,7 +171,8 @@ class Engine:
         params = config.sampling
         begun = time.perf_counter()
         pending = context[len(self.target) :]
-        token = self._plain_step(pending, params, keys)
+        position = len(context)  # of the token this step produces
+        token = self._plain_step(pending, params, rng, position)
         mx.async_eval(token)
         while True:
             following = None
@@ -176,7 +180,7 @@ class Engine:
                 if self.drafter is not None:
                     progress.decided = self.policy.draft_length() or None
                 if progress.decided is None:
-                    following = self._plain_step(token, params, keys)
+                    following = self._plain_step(token, params, rng, position + 1)
                     mx.async_eval(following)
             value = token.item()
             now = time.perf_counter()
@@ -201,16 +205,20 @@ class Engine:
             yield value, Source.TARGET
             if following is None:
                 return
-            token, requested = following, 0
+            token, requested, position = following, 0, position + 1
 
     def _plain_step(
-        self, ids: list[int] | mx.array, params: SamplingParams, keys: KeyStream | None
+        self,
+        ids: list[int] | mx.array,
+        params: SamplingParams,
+        rng: Randomness | None,
+        position: int,
     ) -> mx.array:
-        """Feed ids to the target; the next token as an unevaluated (1,) array."""
+        """Feed ids to the target; its token at `position` as an unevaluated (1,) array."""
         logits = self.target.forward(ids)[-1:, : self.vocab_size]
         if params.greedy:
             return mx.argmax(logits, axis=-1)
-        return sample(probabilities(logits, params), keys.next())
+        return rng.pick(probabilities(logits, params), position)
 
     def _speculate(
         self,
@@ -218,16 +226,17 @@ class Engine:
         k: int,
         requested: int,
         params: SamplingParams,
-        keys: KeyStream | None,
+        rng: Randomness | None,
         begun: float,
     ) -> tuple[Cycle, list[int]]:
         """One cycle: draft, verify in one target pass, accept, roll back. The guesses stay on
         the device into the verify pass, and the verdict is read with them: one wait. A probe
         cycle now and then waits after drafting too, to time drafting and verifying apart."""
-        target, params_key = self.target, keys.next() if keys is not None else None
+        target = self.target
+        draws = rng.draws(k, len(context)) if rng is not None else None
         self._cycles_run += 1
         timed = self._cycles_run <= 4 or self._cycles_run % PROBE_EVERY == 0
-        draft = self.drafter.propose(context, k, params, params_key, self.policy.confidence_floor)
+        draft = self.drafter.propose(context, k, params, draws, self.policy.confidence_floor)
         guesses = draft.tokens
         if not isinstance(guesses, mx.array):
             guesses = mx.array(list(guesses), mx.uint32)
@@ -241,9 +250,13 @@ class Engine:
         cut = self._cut(guesses, draft.confidence)
         if params.greedy:
             accepted, token = greedy_verdict(logits, guesses, cut)
+        elif rng.noise is not None:  # coupled: the target's own seeded picks, kept while equal
+            scores = mx.log(probabilities(logits, params))
+            scores = scores + rng.noise.rows(len(context), scores.shape[0], scores.shape[-1])
+            accepted, token = greedy_verdict(scores, guesses, cut)
         else:
             p = probabilities(logits, params)
-            accepted, token = sampled_verdict(p, draft.q, guesses, cut, keys.next())
+            accepted, token = sampled_verdict(p, draft.q, guesses, cut, rng.keys.next())
         # The cycle's one wait: how many guesses count, the verdict, and the guesses.
         head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
         read = mx.concatenate([head, guesses.astype(mx.int32)]).tolist()
@@ -303,7 +316,10 @@ class Engine:
         if not prompt:
             raise MacspecError("the prompt is empty")
         stats = Stats(prompt_tokens=len(prompt))
-        keys = None if config.sampling.greedy else KeyStream(config.seed)
+        rng = None
+        if not config.sampling.greedy:
+            rng = Randomness(choose_sampler(config.sampler, config.seed), config.seed)
+            stats.sampler = rng.sampler
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
         scanner = StopScanner(config.stop_strings)
@@ -313,7 +329,7 @@ class Engine:
         started = time.perf_counter()
         first_at = last_at = None
 
-        raw = self._cycles(prompt, config, keys, stats)
+        raw = self._cycles(prompt, config, rng, stats)
         try:
             for item in raw:
                 if isinstance(item, Cycle):

@@ -26,7 +26,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from macspec.engine.drafters import Draft, device_draft
-from macspec.engine.sampling import SamplingParams, probabilities, sample
+from macspec.engine.sampling import Draws, SamplingParams, probabilities
 from macspec.engine.taps import Hidden, HiddenRows, HiddenSpec, inner_model
 
 MTP_TARGETS = ("qwen3_5", "qwen3_5_moe")
@@ -132,7 +132,7 @@ class MTPDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         n = len(context)
@@ -145,7 +145,6 @@ class MTPDrafter:
         out = self.head(self.embed(ids), self.hidden.get(lo, n - 1), self.cache)[-1:]
         self.exact = n - 1
         fed = n - 1 - lo
-        keys = mx.random.split(key, k) if key is not None else None
         guesses = []
         for i in range(k):
             logits = self.lm_head(out)[:, : self.vocab_size]
@@ -153,7 +152,7 @@ class MTPDrafter:
                 token, row = mx.argmax(logits, axis=-1), logits
             else:
                 row = probabilities(logits, params)
-                token = sample(row, keys[i])
+                token = draws(row, i)
             guesses.append((token, row))
             if i + 1 < k:  # the head's own output is the next step's hidden state
                 out = self.head(

@@ -30,6 +30,8 @@ class Stats:
     """Ids the target processed in its passes after prefill (verify passes and plain steps)."""
     refed_tokens: int = 0
     """Of those, ids fed again after a checkpoint was restored (recurrent caches)."""
+    sampler: str | None = None
+    """How a sampled run chose its tokens: 'coupled' or 'rejection'; None when greedy."""
     drafter_choice: str | None = None
     """With --draft auto: the drafter picked last, and the measured rates it was picked by."""
     accepted_histogram: list[int] = field(default_factory=list)
@@ -94,6 +96,7 @@ class Stats:
             "target_fed_tokens": self.target_fed_tokens,
             "refed_tokens": self.refed_tokens,
             "drafter_choice": self.drafter_choice,
+            "sampler": self.sampler,
             "by_source": {
                 name: {"proposed": p, "accepted": a, "acceptance_rate": a / p if p else None}
                 for name, (p, a) in self.by_source.items()
