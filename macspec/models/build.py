@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.choice import DrafterChoice
 from macspec.engine.dflash import DFlashDrafter
 from macspec.engine.drafters import Drafter, ModelDrafter
@@ -77,6 +78,7 @@ def build_engine(
     num_draft_tokens: str | None = None,
     no_draft: bool = False,
     draft: str | None = None,
+    cache_options: CacheOptions = DEFAULT_CACHE,
 ) -> tuple[Engine, LoadedModels]:
     """Load the models and build the engine.
 
@@ -96,11 +98,14 @@ def build_engine(
     source = choose_source(draft, folders)
     loaded = load_drafters(resolved, folders, set(folders) if source == "auto" else {source})
     if no_draft:
-        return Engine(loaded.target, loaded.tokenizer), loaded
-    drafter = make_drafter(source, loaded)
+        engine = Engine(loaded.target, loaded.tokenizer, cache_options=cache_options)
+        return engine, loaded
+    drafter = make_drafter(source, loaded, cache_options)
     if isinstance(drafter, DrafterChoice):
         policy = drafter  # it chooses the draft length per candidate, too
-    engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, vocab_size=loaded.vocab_size)
+    engine = Engine(
+        loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
+    )
     return engine, loaded
 
 
@@ -140,7 +145,9 @@ def converted_mtp_folder(checkpoint: Path) -> Path:
     return out
 
 
-def make_drafter(draft: str, loaded: LoadedModels) -> Drafter:
+def make_drafter(
+    draft: str, loaded: LoadedModels, cache_options: CacheOptions = DEFAULT_CACHE
+) -> Drafter:
     """A fresh drafter of kind `draft` over loaded models: 'model', 'lookup', 'hybrid', 'mtp',
     'dflash', or 'auto' (every one of them that is loaded, chosen by measurement)."""
     if draft == "lookup":
@@ -155,8 +162,9 @@ def make_drafter(draft: str, loaded: LoadedModels) -> Drafter:
             for k in ("model", *HEAD_KINDS)
             if k in loaded.heads or (k == "model" and loaded.draft is not None)
         ]
-        return DrafterChoice([make_drafter(k, loaded) for k in kinds] + [LookupDrafter()])
+        candidates = [make_drafter(k, loaded, cache_options) for k in kinds]
+        return DrafterChoice([*candidates, LookupDrafter()])
     if loaded.draft is None:
         raise MacspecError(f"--draft {draft} needs a draft model (--draft-model, or a --pair)")
-    model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+    model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size, options=cache_options)
     return HybridDrafter(model) if draft == "hybrid" else model
