@@ -226,3 +226,28 @@ def test_a_pair_load_scans_each_tokenizer_once_then_never(tmp_path, monkeypatch)
     mismatched = tiny.save_model(tiny.random_model(2), tmp_path / "other", tokenizer_shift=7)
     with pytest.raises(MacspecError, match="tokenizers differ"):
         load_models(folders[0], mismatched)
+
+
+def test_a_pair_larger_than_the_working_set_gets_a_one_line_warning(tmp_path, monkeypatch):
+    from macspec.models.build import build_engine
+    from macspec.models.catalog import ResolvedModels
+
+    folder = tiny.save_model(tiny.random_model(0), tmp_path / "t")
+    resolved = ResolvedModels(folder, None, "t", None, None)
+    monkeypatch.setattr(mx, "device_info", lambda: {"max_recommended_working_set_size": 10**9})
+    assert build_engine(resolved)[1].warnings == []
+    monkeypatch.setattr(mx, "device_info", lambda: {"max_recommended_working_set_size": 1000})
+    warnings = build_engine(resolved)[1].warnings
+    assert len(warnings) == 1 and "exceed the 0.0 GB this GPU may wire" in warnings[0]
+
+
+def test_kv_estimates_know_hybrid_and_sliding_layers():
+    from macspec.models.memory import kv_cache_bytes
+
+    dense = dict(num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    full = kv_cache_bytes(dense, 1000)
+    assert full == 2 * 8 * 2 * 64 * 1000 * 2
+    assert kv_cache_bytes({**dense, "full_attention_interval": 4}, 1000) == full // 4
+    gemma = {**dense, "sliding_window": 100, "sliding_window_pattern": 4}
+    assert kv_cache_bytes(gemma, 1000) == full // 8 * (2 * 1000 + 6 * 100) // 1000
+    assert kv_cache_bytes({**dense, "model_type": "mamba2"}, 1000) == 0

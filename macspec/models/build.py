@@ -25,6 +25,7 @@ from macspec.models.drafters import (
 )
 from macspec.models.home import macspec_home
 from macspec.models.loader import LoadedModels, load_models
+from macspec.models.memory import kv_cache_bytes
 
 DRAFT_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash", "auto")
 HEAD_KINDS = ("mtp", "dflash")
@@ -97,6 +98,9 @@ def build_engine(
     folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
     source = choose_source(draft, folders)
     loaded = load_drafters(resolved, folders, set(folders) if source == "auto" else {source})
+    context = resolved.pair.context_length if resolved.pair is not None else None
+    text = read_config(resolved.target)
+    warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
     if no_draft:
         engine = Engine(loaded.target, loaded.tokenizer, cache_options=cache_options)
         return engine, loaded
@@ -107,6 +111,27 @@ def build_engine(
         loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
     )
     return engine, loaded
+
+
+def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -> None:
+    """One line when the weights and a full KV cache exceed what the GPU may wire."""
+    from macspec.engine.wired import recommended_working_set
+    from macspec.models.loader import weight_bytes
+
+    limit = recommended_working_set()
+    if limit is None:
+        return
+    models = [loaded.target, loaded.draft, *loaded.heads.values()]
+    weights = sum(weight_bytes(m) for m in models if m is not None)
+    config = read_config(loaded.target_path)
+    kv = (kv_cache_bytes(config, context_length) or 0) if context_length else 0
+    if weights + kv > limit:
+        cache = f" and a full {context_length}-token KV cache ({kv / 1e9:.1f} GB)" if kv else ""
+        loaded.warnings.append(
+            f"weights ({weights / 1e9:.1f} GB){cache} exceed the {limit / 1e9:.1f} GB this "
+            "GPU may wire: expect paging and slow answers (a smaller pair, a shorter context "
+            "or --kv-bits 8)"
+        )
 
 
 def load_drafters(
