@@ -240,7 +240,8 @@ async def test_new_chat_and_resume_the_old_one(tok, store):
         await until(pilot, lambda: app.transcript.query(UserMessage))
         assert items(app)[1:] == [("user", "the first chat"), ("answer", first.text)]
         resumed = app.transcript.query(AnswerMessage).last()
-        assert "-has-sources" not in resumed.classes  # stored answers show as Markdown
+        # a reopened answer is coloured by the sources stored with it, as it was when written
+        assert "-has-sources" in resumed.classes
 
         await ask(pilot, "back to the first")
         assert len(store.get(first_id).messages) == 4
