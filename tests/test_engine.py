@@ -106,6 +106,7 @@ def test_self_draft_accepts_everything_and_makes_k_plus_one_per_pass(
 
 def test_plain_decoding_is_mlx_lm_greedy(tok, target, prompt_ids, references):
     engine = Engine(target, tok)
+    ended = 0
     for prompt, expected in zip(prompt_ids, references):
         done, _ = run(engine, prompt, max_tokens=MAX_TOKENS)
         assert done.tokens == expected
@@ -113,6 +114,46 @@ def test_plain_decoding_is_mlx_lm_greedy(tok, target, prompt_ids, references):
         eos_pass = 1 if done.finish_reason == "stop" else 0
         assert done.stats.target_passes == len(expected) + eos_pass
         assert done.stats.acceptance_rate is None
+        # ... and the EOS the target chose is a decided token: plain decoding reads 1.00.
+        assert done.stats.end_tokens == eos_pass
+        assert done.stats.tokens_per_pass == 1.0
+        ended += eos_pass
+    assert ended  # some answers end on EOS, so both cases are checked
+
+
+class NeverGuess:
+    """A policy that keeps a drafter but never asks it: what `auto` does where guessing
+    cannot pay."""
+
+    confidence_floor = None
+
+    def draft_length(self) -> int:
+        return 0
+
+    def observe(self, cycle) -> None:
+        pass
+
+
+def test_a_run_that_never_guessed_says_why(tok, target, drafts, prompt_ids):
+    from macspec.engine.lookup import LookupDrafter
+    from macspec.engine.stats import summary_line
+
+    engine = Engine(target, tok, ModelDrafter(drafts["noisy"]), NeverGuess())
+    done, _ = run(engine, prompt_ids[0], max_tokens=8)
+    assert done.stats.draft_proposed == 0
+    assert done.stats.plain_reason == "plain: guessing does not pay on this device"
+    assert "plain: guessing does not pay on this device" in summary_line(done.stats, "length")
+    # Lookup asked every cycle, but a short prompt with no repeats offers nothing to copy.
+    engine = Engine(target, tok, LookupDrafter(), FixedPolicy(4))
+    done, _ = run(engine, tok.encode("xq"), max_tokens=3)
+    assert done.stats.draft_proposed == 0
+    assert done.stats.plain_reason == "no guesses: nothing matched to draft from"
+    # With guesses, the line says how many the share is of.
+    engine = Engine(target, tok, ModelDrafter(drafts["self"]), FixedPolicy(2))
+    done, _ = run(engine, prompt_ids[0], max_tokens=9)
+    assert done.stats.plain_reason is None
+    proposed = done.stats.draft_proposed
+    assert f"acceptance 100% of {proposed} guesses" in summary_line(done.stats, "length")
 
 
 def test_quantized_pair_is_lossless(tok, target, prompt_ids):

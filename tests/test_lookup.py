@@ -357,7 +357,8 @@ def test_sources_line_names_each_source_unless_a_model_drafted_alone():
     assert sources_line({"model": [10, 4], "lookup": [8, 6]}) == "lookup 75% of 8, model 40% of 10"
     stats = Stats(generated_tokens=12, target_passes=6, draft_proposed=8, draft_accepted=6)
     stats.by_source["lookup"] = [8, 6]
-    assert "acceptance 75% (lookup 75% of 8) · 2.00 tokens/pass" in summary_line(stats, "stop")
+    line = summary_line(stats, "stop")
+    assert "acceptance 75% of 8 guesses (lookup 75% of 8) · 2.00 tokens/pass" in line
 
 
 def test_match_origin_script_splits_kept_guesses_by_where_they_were_found(capsys):

@@ -350,6 +350,26 @@ async def test_lookup_guesses_show_their_acceptance_by_source(tok, store):
 # -- snapshots (deterministic: greedy, fixed models, timings masked) --------------------------
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("size", [(120, 40), (80, 24), (60, 20)])
+async def test_narrow_terminals_keep_the_numbers_and_drop_the_sparkline_first(tok, store, size):
+    app, _, _ = build(tok, store)
+    async with app.run_test(size=size) as pilot:
+        await ask(pilot, "hello there")
+        await pilot.pause()
+        bar = app.stats_bar
+        figures = str(bar.query_one("#figures").render())
+        for needed in ("tok/s", "accept", "of", "tok/pass"):
+            assert needed in figures, (size, figures)
+        width = size[0]
+        sparkline = bar.query_one("#acceptance")
+        assert sparkline.display == (width >= 100), (size, figures)
+        # no line of the bar wraps: each is one row, within the bar
+        for row in ("#status", "#figures"):
+            widget = bar.query_one(row)
+            assert widget.size.height == 1 and len(str(widget.render())) <= width - 2
+
+
 def _snapshot_app(tok, tmp_path: Path) -> ChatApp:
     app, _, _ = build(tok, Store(tmp_path / "snap.db"), max_tokens=60)
     return app

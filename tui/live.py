@@ -25,6 +25,8 @@ class Figures:
     """Cumulative decode rate; None before the second token."""
     acceptance_rate: float | None = None
     """Share of guesses the target kept; None while nothing was proposed."""
+    proposed: int = 0
+    """Guesses proposed so far (what acceptance is a share of)."""
     tokens_per_pass: float | None = None
     """Tokens per target pass so far."""
     draft_length: int | None = None
@@ -79,6 +81,7 @@ class LiveFigures:
             tokens=stats.generated_tokens,
             decode_tokens_per_s=stats.decode_tokens_per_s,
             acceptance_rate=stats.acceptance_rate,
+            proposed=stats.draft_proposed,
             tokens_per_pass=stats.tokens_per_pass,
             draft_length=self._draft_length,
             ttft_s=stats.ttft_s if started else None,
@@ -95,8 +98,12 @@ def without_timings(stats: Stats) -> Stats:
     )
 
 
-def figures_line(figures: Figures, mask_timings: bool = False) -> str:
-    """'96 tok · 123.4 tok/s · accept 48% · 2.10 tok/pass · k 3 · ttft 0.05s' (fits 70 cells)."""
+def figures_line(figures: Figures, mask_timings: bool = False, width: int | None = None) -> str:
+    """'96 tok · 123.4 tok/s · accept 48% of 120 · 2.10 tok/pass · k 3 · ttft 0.05s'.
+
+    Within `width` cells the parts that matter least go first (ttft, then k), so tok/s,
+    acceptance and tokens per pass stay readable on a narrow terminal. 'plain' replaces
+    'k 0': the policy is decoding without guesses because guessing does not pay here."""
 
     def timed(value: float | None, fmt: str) -> str:
         if value is None:
@@ -105,12 +112,20 @@ def figures_line(figures: Figures, mask_timings: bool = False) -> str:
 
     acceptance = figures.acceptance_rate
     per_pass = figures.tokens_per_pass
+    proposed = f" of {figures.proposed}" if figures.proposed else ""
+    draft_length = figures.draft_length
     parts = [
         f"{figures.tokens} tok",
         f"{timed(figures.decode_tokens_per_s, '{:.1f}')} tok/s",
-        f"accept {'–' if acceptance is None else f'{acceptance:.0%}'}",
+        f"accept {'–' if acceptance is None else f'{acceptance:.0%}'}{proposed}",
         f"{'–' if per_pass is None else f'{per_pass:.2f}'} tok/pass",
-        f"k {'–' if figures.draft_length is None else figures.draft_length}",
+        "plain" if draft_length == 0 else f"k {'–' if draft_length is None else draft_length}",
         f"ttft {timed(figures.ttft_s, '{:.2f}s')}",
     ]
-    return " · ".join(parts)
+    line = " · ".join(parts)
+    for dropped in (5, 4):  # ttft, then k / plain
+        if width is None or len(line) <= width:
+            break
+        del parts[dropped]
+        line = " · ".join(parts)
+    return line

@@ -340,6 +340,7 @@ class Engine:
         finish, stopped_at = "length", None
         started = time.perf_counter()
         first_at = last_at = None
+        any_requested = False  # whether the policy ever asked the drafter for guesses
 
         raw = self._cycles(prompt, config, rng, stats)
         with wired_limit():  # Metal: the weights stay wired while generating
@@ -347,6 +348,7 @@ class Engine:
                 for item in raw:
                     if isinstance(item, Cycle):
                         stats.add_cycle(item)
+                        any_requested = any_requested or item.requested > 0
                         yield item
                         continue
                     token, source = item
@@ -355,6 +357,7 @@ class Engine:
                         first_at = last_at
                     if token in self.eos_ids:
                         finish = "stop"
+                        stats.end_tokens = 1
                         break
                     tokens.append(token)
                     sources.append(source)
@@ -381,6 +384,12 @@ class Engine:
         reason = getattr(self.policy, "reason", None)  # --draft auto: which drafter, and why
         if reason is not None:
             stats.drafter_choice = reason
+        if self.drafter is not None and not stats.draft_proposed and stats.target_passes:
+            stats.plain_reason = (
+                "plain: guessing does not pay on this device"
+                if not any_requested
+                else "no guesses: nothing matched to draft from"
+            )
         if first_at is not None:
             stats.ttft_s = first_at - started
             stats.decode_s = last_at - first_at

@@ -18,6 +18,8 @@ class Stats:
     """Prompt ids the target actually processed (fewer when a cached prefix was reused)."""
     generated_tokens: int = 0
     """Ids delivered to the caller (EOS excluded)."""
+    end_tokens: int = 0
+    """1 when the target chose end of sequence: not delivered, but decided like any token."""
     target_passes: int = 0
     """Target forward passes after prefill: one per cycle."""
     draft_proposed: int = 0
@@ -34,6 +36,8 @@ class Stats:
     """How a sampled run chose its tokens: 'coupled' or 'rejection'; None when greedy."""
     drafter_choice: str | None = None
     """With --draft auto: the drafter picked last, and the measured rates it was picked by."""
+    plain_reason: str | None = None
+    """Why a run with a drafter guessed nothing at all, in words; None otherwise."""
     accepted_histogram: list[int] = field(default_factory=list)
     """accepted_histogram[n]: cycles that proposed something and kept exactly n guesses."""
     ttft_s: float = 0.0
@@ -72,8 +76,10 @@ class Stats:
 
     @property
     def tokens_per_pass(self) -> float | None:
-        """Generated ids per target pass: 1.0 plain, up to k + 1 with a perfect draft."""
-        return self.generated_tokens / self.target_passes if self.target_passes else None
+        """Ids the target decided per pass (the end of sequence it chose included, since it
+        costs a pass like any other): 1.00 plain, up to k + 1 with a perfect draft."""
+        decided = self.generated_tokens + self.end_tokens
+        return decided / self.target_passes if self.target_passes else None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -87,6 +93,7 @@ class Stats:
             "prompt_tokens": self.prompt_tokens,
             "prefilled_tokens": self.prefilled_tokens,
             "generated_tokens": self.generated_tokens,
+            "end_tokens": self.end_tokens,
             "target_passes": self.target_passes,
             "draft_proposed": self.draft_proposed,
             "draft_accepted": self.draft_accepted,
@@ -96,6 +103,7 @@ class Stats:
             "target_fed_tokens": self.target_fed_tokens,
             "refed_tokens": self.refed_tokens,
             "drafter_choice": self.drafter_choice,
+            "plain_reason": self.plain_reason,
             "sampler": self.sampler,
             "by_source": {
                 name: {"proposed": p, "accepted": a, "acceptance_rate": a / p if p else None}
@@ -123,16 +131,25 @@ def sources_line(by_source: dict[str, list[int]]) -> str | None:
     )
 
 
+def acceptance_text(accepted: int, proposed: int) -> str:
+    """'acceptance 88% of 8 guesses': the share kept, and how many it is a share of."""
+    guesses = "guess" if proposed == 1 else "guesses"
+    return f"acceptance {accepted / proposed:.0%} of {proposed} {guesses}"
+
+
 def summary_line(stats: Stats, finish_reason: str) -> str:
     """The short summary printed after an answer."""
     parts = [f"{stats.generated_tokens} tokens"]
     if stats.decode_tokens_per_s is not None:
         parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
-    if stats.acceptance_rate is not None:
+    if stats.draft_proposed:
         sources = sources_line(stats.by_source)
         parts.append(
-            f"acceptance {stats.acceptance_rate:.0%}" + (f" ({sources})" if sources else "")
+            acceptance_text(stats.draft_accepted, stats.draft_proposed)
+            + (f" ({sources})" if sources else "")
         )
+    elif stats.plain_reason:
+        parts.append(stats.plain_reason)
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
     if stats.drafter_choice:

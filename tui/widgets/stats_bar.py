@@ -38,9 +38,16 @@ class AcceptanceSparkline(Sparkline):
         return bars
 
 
+SPARKLINE_MIN = 8
+"""Fewest cells worth drawing the sparkline in; on a narrower bar it goes before any figure."""
+
+
 class StatsBar(Vertical):
     """Two lines: `pair · state · legend`, then `figures ▁▃▅ acceptance per cycle`; a third,
-    acceptance by source of guesses, while guesses come from prompt lookup too."""
+    acceptance by source of guesses, while guesses come from prompt lookup too.
+
+    On a narrow terminal the sparkline goes first, then the figures that matter least; the
+    legend shortens, so no line wraps."""
 
     COMPONENT_CLASSES = {"stats-bar--draft", "stats-bar--target", "stats-bar--state"}
 
@@ -84,28 +91,49 @@ class StatsBar(Vertical):
     def reset(self) -> None:
         self.show(Figures())
 
+    def on_resize(self) -> None:
+        self._render_status()
+        self._render_figures()
+
+    @property
+    def _cells(self) -> int | None:
+        """Cells for text inside the padding; None before the first layout."""
+        width = self.content_region.width
+        return width if width > 0 else None
+
     def _render_status(self) -> None:
         style = self.get_component_rich_style
         line = Text.assemble(
             (self.pair, "bold"), "  ·  ", (self.state, style("stats-bar--state")), "  ·  "
         )
+        cells = self._cells
+        long = cells is None or cells >= len(line) + 44
         if self.colours:
             line.append_text(
                 Text.assemble(
-                    ("■ accepted draft guess", style("stats-bar--draft")),
+                    ("■ accepted draft guess" if long else "■ draft", style("stats-bar--draft")),
                     "  ",
-                    ("■ target's own token", style("stats-bar--target")),
+                    ("■ target's own token" if long else "■ target", style("stats-bar--target")),
                 )
             )
         else:
-            line.append("source colours off (ctrl+t)")
+            line.append("source colours off (ctrl+t)" if long else "colours off")
+        if cells is not None:
+            line.truncate(cells, overflow="ellipsis")
         self.query_one("#status", Static).update(line)
 
     def _render_figures(self) -> None:
         figures = self.figures
-        line = figures_line(figures, self.mask_timings)
+        cells = self._cells
+        line = figures_line(figures, self.mask_timings, cells)
+        label = self.query_one("#sparkline-label", Static)
+        sparkline = self.query_one("#acceptance", Sparkline)
+        room = None if cells is None else cells - len(line) - len("acceptance/cycle ") - 1
+        sparkline.display = label.display = room is None or room >= SPARKLINE_MIN
+        if room is not None and sparkline.display:
+            sparkline.styles.width = min(30, room)
         self.query_one("#figures", Static).update(Text(line))
-        self.query_one("#acceptance", Sparkline).data = list(figures.acceptance_history)
+        sparkline.data = list(figures.acceptance_history)
         widget = self.query_one("#sources", Static)
         widget.display = figures.sources is not None
         widget.update(Text(f"guesses kept by source: {figures.sources or ''}"))
