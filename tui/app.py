@@ -152,6 +152,7 @@ class ChatApp(App, inherit_bindings=False):
                     stored_summary(message),
                     live=False,
                     reasoning=message.reasoning,
+                    sources=message.sources,
                 )
 
     # -- a turn ----------------------------------------------------------------------------
