@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 PROMPT = [256, 72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100]
-MAX_TOKENS = 40
+MAX_TOKENS = 32
 
 SCENARIOS: dict[str, dict] = {
     # name: build_engine arguments and generation settings
@@ -30,7 +30,6 @@ SCENARIOS: dict[str, dict] = {
     "rejection": dict(k="3", temp=0.8, seed=5, sampler="rejection"),
     "unseeded": dict(k="3", temp=0.8),
     "lookup": dict(k="3", draft="lookup"),
-    "hybrid": dict(k="3", draft="hybrid"),
 }
 
 

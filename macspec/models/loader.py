@@ -53,11 +53,19 @@ def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
 
 
 def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
-    """mlx-lm's `sharded_load` over `group` (it refuses, in a ValueError, a model it cannot
-    split by tensor parallelism)."""
-    from mlx_lm.utils import sharded_load
+    """mlx-lm's `sharded_load` over `group`: tensor parallelism (`model.shard`, every layer
+    split, an all-reduce per layer) where the architecture has it, else pipeline stages
+    (`model.model.pipeline`, whole layers per rank; the weights need a safetensors index).
+    Either way each rank reads only its part of the weights and every rank gets the same
+    logits, so the engine's loop runs unchanged on every rank. A model with neither is refused
+    by mlx-lm in a ValueError."""
+    from mlx_lm.utils import load_model, sharded_load
 
-    return sharded_load(str(path), tensor_group=group)
+    # A lazy load reads no weights: only which sharding the architecture offers.
+    skeleton, _ = load_model(path, lazy=True, strict=False)
+    if hasattr(skeleton, "shard"):
+        return sharded_load(str(path), tensor_group=group)
+    return sharded_load(str(path), pipeline_group=group)
 
 
 def load_weights(path: Path, role: str) -> nn.Module:
