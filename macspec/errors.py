@@ -6,3 +6,12 @@ class MacspecError(Exception):
 
     Anything else that escapes is a bug and keeps its traceback.
     """
+
+
+class QuietExit(Exception):
+    """End the command with `code` and print nothing: the error was reported elsewhere (a rank
+    other than 0 of a distributed run, whose rank 0 says what happened)."""
+
+    def __init__(self, code: int = 2):
+        super().__init__(code)
+        self.code = code

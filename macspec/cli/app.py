@@ -13,7 +13,7 @@ try:  # typer >= 0.26 vendors its own click; older releases use the click packag
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import ClickException
 
-from macspec.errors import MacspecError
+from macspec.errors import MacspecError, QuietExit
 
 app = typer.Typer(
     name="macspec",
@@ -43,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             prog_name="macspec",
             standalone_mode=False,
         )
+    except QuietExit as exc:
+        return exc.code
     except MacspecError as exc:
         print(f"macspec: error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

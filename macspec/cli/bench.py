@@ -329,6 +329,9 @@ def bench(
     wasted guesses, time to first token, peak memory, whether greedy output is identical to
     plain decoding, and this device's verify-cost curve with the speedup it predicts.
     """
+    from macspec.cli.ranks import refuse_under_launch
+
+    refuse_under_launch("bench")
     from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
     from macspec.models.build import choose_source, drafter_folders, load_drafters
     from macspec.models.templates import encode_prompt

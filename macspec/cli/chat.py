@@ -57,6 +57,9 @@ def chat(
     Keys: Enter sends, ctrl+j new line, Esc stops the answer, ctrl+p pairs, ctrl+n new
     chat, ctrl+r past chats, ctrl+t source colours, ctrl+q quits.
     """
+    from macspec.cli.ranks import refuse_under_launch
+
+    refuse_under_launch("chat")
     # MLX and mlx-lm load here, not at import: `macspec --help` and `history` stay instant.
     from macspec.chat.session import open_models
     from macspec.engine.loop import GenerationConfig

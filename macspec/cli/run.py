@@ -14,6 +14,8 @@ from macspec.models.catalog import resolve_models
 
 if TYPE_CHECKING:
     from macspec.engine.events import Done
+    from macspec.engine.loop import GenerationConfig
+    from macspec.models.catalog import ResolvedModels
 
 
 def read_prompt(prompt: str) -> str:
@@ -57,13 +59,11 @@ def run(
 ) -> None:
     """Answer one prompt with speculative decoding, streaming the text as it comes."""
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
-    from macspec.engine.events import Done, Token
+    from macspec.cli.ranks import ranks
     from macspec.engine.loop import GenerationConfig
     from macspec.engine.sampling import SamplingParams, choose_sampler
-    from macspec.engine.stats import summary_line
-    from macspec.models.build import build_engine, needs_draft_model
-    from macspec.models.reasoning import ReasoningSplitter, reasoning_start
-    from macspec.models.templates import encode_prompt, template_args
+    from macspec.models.build import needs_draft_model
+    from macspec.models.templates import template_args
 
     text = read_prompt(prompt)
     args = template_args(think, chat_template_args)
@@ -81,7 +81,27 @@ def run(
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
-    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft, caches)
+    # Under mlx.launch every rank answers (the target sharded over them); rank 0 alone writes.
+    with ranks() as here:
+        where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
+        answer(
+            text, config, resolved, (num_draft_tokens, no_draft, draft, caches), where,
+            raw, system, args, as_json,
+        )  # fmt: skip
+
+
+def answer(
+    text: str, config: GenerationConfig, resolved: ResolvedModels, engine_args: tuple,
+    where: dict[str, Any], raw: bool, system: str | None, args: dict, as_json: bool,
+) -> None:  # fmt: skip
+    """Load, encode, generate and write one answer (stdout), stats on stderr."""
+    from macspec.engine.events import Done, Token
+    from macspec.engine.stats import summary_line
+    from macspec.models.build import build_engine
+    from macspec.models.reasoning import ReasoningSplitter, reasoning_start
+    from macspec.models.templates import encode_prompt
+
+    engine, loaded = build_engine(resolved, *engine_args, **where)
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)
@@ -123,6 +143,7 @@ def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str,
         "drafter": engine.drafter.name if engine.drafter is not None else None,
         "sampler": done.stats.sampler,
         "pair": resolved.pair.name if resolved.pair is not None else None,
+        "ranks": getattr(engine, "size", 1),
         "prompt_tokens": prompt_ids,
         "tokens": done.tokens,
         "sources": [s.value for s in done.sources],

@@ -64,6 +64,9 @@ def serve(
 
     Sampling flags are the defaults for requests that leave them out.
     """
+    from macspec.cli.ranks import refuse_under_launch
+
+    refuse_under_launch("serve")
     # MLX, mlx-lm, FastAPI and uvicorn load here, not at import: `macspec --help` stays instant.
     from macspec.chat.session import open_models
     from macspec.engine.sampling import SamplingParams

@@ -80,6 +80,8 @@ def build_engine(
     no_draft: bool = False,
     draft: str | None = None,
     cache_options: CacheOptions = DEFAULT_CACHE,
+    group=None,
+    watchdog=None,
 ) -> tuple[Engine, LoadedModels]:
     """Load the models and build the engine.
 
@@ -87,8 +89,13 @@ def build_engine(
     the draft model, prompt lookup (n-grams of the context, no second model), both ('hybrid'),
     an MTP head, a DFlash drafter, or 'auto' (whichever measures fastest here, lookup and plain
     decoding included). None: the draft folder's own kind, or prompt lookup without one.
+
+    With an mlx.distributed `group` (several ranks under mlx.launch) the target is sharded over
+    them, the draft replicated, and the engine a `DistributedEngine` whose ranks agree on every
+    decision (`watchdog`: kicked by every pass and exchange).
     """
     check_draft_source(draft)
+    check_distributed_source(draft, group)
     if no_draft and draft is not None:
         raise MacspecError(f"--no-draft and --draft {draft} contradict each other; pass one")
     spec = num_draft_tokens
@@ -96,21 +103,37 @@ def build_engine(
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
     policy = make_policy(spec)  # validated even with --no-draft: a typo is still an error
     folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
+    if group is not None:  # heads that read a sharded target's hidden states: not yet
+        folders = {k: v for k, v in folders.items() if k not in HEAD_KINDS}
     source = choose_source(draft, folders)
-    loaded = load_drafters(resolved, folders, set(folders) if source == "auto" else {source})
+    sources = set(folders) if source == "auto" else {source}
+    loaded = load_drafters(resolved, folders, sources, group)
     context = resolved.pair.context_length if resolved.pair is not None else None
     text = read_config(resolved.target)
     warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
     if no_draft:
         engine = Engine(loaded.target, loaded.tokenizer, cache_options=cache_options)
-        return engine, loaded
-    drafter = make_drafter(source, loaded, cache_options)
-    if isinstance(drafter, DrafterChoice):
-        policy = drafter  # it chooses the draft length per candidate, too
-    engine = Engine(
-        loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
-    )
+    else:
+        drafter = make_drafter(source, loaded, cache_options)
+        if isinstance(drafter, DrafterChoice):
+            policy = drafter  # it chooses the draft length per candidate, too
+        engine = Engine(
+            loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
+        )
+    if group is not None:
+        from macspec.engine.distributed import DistributedEngine
+
+        engine = DistributedEngine(engine, group, watchdog)
     return engine, loaded
+
+
+def check_distributed_source(draft: str | None, group) -> None:
+    """Drafters that read the target's hidden states are refused on a sharded target."""
+    if group is not None and draft in HEAD_KINDS:
+        raise MacspecError(
+            f"--draft {draft} is not supported on a target split across machines yet; "
+            "use --draft model, lookup, hybrid or auto"
+        )
 
 
 def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -> None:
@@ -135,15 +158,18 @@ def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -
 
 
 def load_drafters(
-    resolved: ResolvedModels, folders: dict[str, Path], sources: set[str]
+    resolved: ResolvedModels, folders: dict[str, Path], sources: set[str], group=None
 ) -> LoadedModels:
     """The target and the drafters `sources` need ('hybrid' needs the draft model); heads'
-    configs are checked against the target's before any weight is loaded."""
+    configs are checked against the target's before any weight is loaded. With an
+    mlx.distributed `group`, the target is sharded over its ranks."""
     wanted = {"model" if s == "hybrid" else s for s in sources}
     target_config = read_config(resolved.target)
     heads = {k: _check_head(folders[k], k, target_config) for k in HEAD_KINDS if k in wanted}
     model_path = folders.get("model") if "model" in wanted else None
-    loaded = load_models(resolved.target, model_path, resolved.target_name, resolved.draft_name)
+    loaded = load_models(
+        resolved.target, model_path, resolved.target_name, resolved.draft_name, group
+    )
     for kind, load in heads.items():
         loaded.heads[kind] = load()
     return loaded

@@ -37,15 +37,35 @@ class LoadedModels:
     """Drafters that read the target's hidden states, by kind ('mtp', 'dflash')."""
 
 
-def load_model(path: Path, role: str) -> tuple[nn.Module, object]:
-    """mlx_lm.load on a local folder, with its failures turned into one-line errors."""
+def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
+    """mlx_lm.load on a local folder, with its failures turned into one-line errors; with an
+    mlx.distributed `group`, mlx-lm's sharded load: each rank keeps its slice of every layer
+    (tensor parallelism, `model.shard`)."""
     if not (path / "config.json").is_file():
         raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
     try:
+        if group is not None:
+            return load_sharded(path, group)
         return mlx_load(str(path))
-    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
+    except (FileNotFoundError, ValueError, KeyError, OSError, AssertionError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+
+
+def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
+    """mlx-lm's `sharded_load` over `group`: tensor parallelism (`model.shard`, every layer
+    split, an all-reduce per layer) where the architecture has it, else pipeline stages
+    (`model.model.pipeline`, whole layers per rank; the weights need a safetensors index).
+    Either way each rank reads only its part of the weights and every rank gets the same
+    logits, so the engine's loop runs unchanged on every rank. A model with neither is refused
+    by mlx-lm in a ValueError."""
+    from mlx_lm.utils import load_model, sharded_load
+
+    # A lazy load reads no weights: only which sharding the architecture offers.
+    skeleton, _ = load_model(path, lazy=True, strict=False)
+    if hasattr(skeleton, "shard"):
+        return sharded_load(str(path), tensor_group=group)
+    return sharded_load(str(path), pipeline_group=group)
 
 
 def load_weights(path: Path, role: str) -> nn.Module:
@@ -67,6 +87,14 @@ def draft_tokenizer(path: Path):
 
 def weight_bytes(model: nn.Module) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+
+def target_bytes(target: nn.Module, path: Path, group) -> int:
+    """The whole target's weight bytes: a sharded target holds only its part here, so the
+    files tell (safetensors take about what the weights take in memory)."""
+    if group is None:
+        return weight_bytes(target)
+    return sum(p.stat().st_size for p in path.glob("*.safetensors"))
 
 
 def output_vocab_size(model: nn.Module) -> int | None:
@@ -98,12 +126,15 @@ def load_models(
     draft_path: Path | None = None,
     target_name: str | None = None,
     draft_name: str | None = None,
+    group=None,
 ) -> LoadedModels:
     """Load the target and, if given, the draft; refuse a draft that cannot work with it.
 
     Names (repo ids, as the user gave them) are what errors show; paths are the fallback.
+    With an mlx.distributed `group`, the target is sharded over its ranks and the draft is
+    loaded whole on every rank.
     """
-    target, tokenizer = load_model(target_path, "model")
+    target, tokenizer = load_model(target_path, "model", group)
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
     if draft_path is None:
         return loaded
@@ -128,7 +159,7 @@ def load_models(
             raise MacspecError(
                 f"{draft_path} scores only {loaded.vocab_size} ids, fewer than the tokenizer has"
             )
-    fraction = weight_bytes(draft) / max(1, weight_bytes(target))
+    fraction = weight_bytes(draft) / max(1, target_bytes(target, target_path, group))
     if fraction > DRAFT_FRACTION_WARNING:
         loaded.warnings.append(
             f"the draft is {fraction:.0%} of the target's size; speculation rarely pays "
