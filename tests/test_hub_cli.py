@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -85,14 +86,33 @@ def test_pull_downloads_what_is_missing_with_progress(
     assert "test/tiny-target" in err  # the progress display
 
 
-def test_pull_warns_when_the_pair_will_not_fit(capsys, tiny_pair, monkeypatch, cached_model):
-    monkeypatch.setattr(hub, "plan_download", lambda repo: hub.DownloadPlan(repo, 10, 1))
-    monkeypatch.setattr(hub, "download_config", lambda repo: None)
+@pytest.mark.parametrize(
+    ("args", "stdin", "code", "downloaded"),
+    [(("--yes",), "", 0, True), ((), "y\n", 0, True), ((), "n\n", 1, False), ((), None, 2, False)],
+)
+def test_pull_of_a_pair_that_will_not_fit_asks_before_any_network_work(
+    capsys, tiny_pair, monkeypatch, cached_model, args, stdin, code, downloaded
+):
+    asked_the_hub = []
+
+    def plan(repo):
+        asked_the_hub.append(repo)
+        return hub.DownloadPlan(repo, 10, 1)
+
+    monkeypatch.setattr(hub, "plan_download", plan)
+    monkeypatch.setattr(hub, "download_config", lambda repo: pytest.fail("network before asking"))
     monkeypatch.setattr(hub, "download", lambda repo, on_progress=None: cached_model(repo))
     monkeypatch.setattr("macspec.models.memory.machine_memory_bytes", lambda: 1000)
-    code, _, err = cli(capsys, "pull", "tiny")
-    assert code == 0
+    if stdin is None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(""))  # closed: no answer
+    else:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    result, _, err = cli(capsys, "pull", "tiny", *args)
+    assert result == code, err
     assert "warning: tiny needs about" in err and "may not run" in err
+    assert bool(asked_the_hub) == downloaded
+    if not downloaded:
+        assert "nothing downloaded" in err and hub.cached_model_path("test/tiny-target") is None
 
 
 def test_pull_demo_needs_no_download(capsys, hf_cache, monkeypatch, tmp_path, tiny_model_folder):
@@ -122,7 +142,7 @@ def test_models_json_reports_paths_and_sizes(capsys, cached_model, tiny_pair):
     absent = rows["tiny2"]
     assert (absent["downloaded"], absent["target_path"]) == (False, None)
     assert absent["draft_path"] == str(draft)  # the shared draft is here
-    assert rows["qwen3-8b"]["target_path"] is None and rows["qwen3-8b"]["fits"] in (None, False)
+    assert rows["qwen3-8b"]["target_path"] is None and rows["qwen3-8b"]["estimated"] is True
 
 
 def test_models_table(capsys, cached_model, tiny_pair):
@@ -133,6 +153,33 @@ def test_models_table(capsys, cached_model, tiny_pair):
     line = next(line for line in out.splitlines() if "tiny " in line)
     assert "yes" in line and "~0.0 GB" in line
     assert "qwen3-8b" in out and "This machine" in out
+    # an undownloaded catalog pair is estimated from its published facts, marked '~'
+    qwen = next(line for line in out.splitlines() if "qwen3-8b " in line)
+    assert " ~" in qwen and ("yes~" in qwen or "no~" in qwen)
+
+
+def test_models_estimates_pairs_that_are_not_downloaded(capsys, monkeypatch):
+    monkeypatch.setattr("macspec.models.memory.machine_memory_bytes", lambda: 64 * 10**9)
+    code, out, _ = cli(capsys, "models", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    qwen = rows["qwen2.5-7b"]  # 28 layers x 4 KV heads x 128 + a 24 x 2 x 64 draft, fp16
+    assert qwen["downloaded"] is False and qwen["estimated"] is True
+    per_token = 2 * 2 * (28 * 4 * 128 + 24 * 2 * 64)
+    assert qwen["kv_cache_bytes"] == per_token * qwen["context_length"]
+    assert qwen["fits"] is True
+    # the hybrid and sliding-window layers hold less: only 1 layer in 4 / in 6 grows
+    assert rows["qwen3.5-27b"]["kv_cache_bytes"] < rows["qwen3-32b"]["kv_cache_bytes"] / 3
+    assert rows["llama-3.3-70b"]["fits"] is False  # about 52 GB: more than 64 GB Macs give
+    monkeypatch.setattr("macspec.models.memory.machine_memory_bytes", lambda: 128 * 10**9)
+    code, out, _ = cli(capsys, "models", "--json")
+    assert {row["name"]: row for row in json.loads(out)}["llama-3.3-70b"]["fits"] is True
+    monkeypatch.setattr("macspec.models.memory.machine_memory_bytes", lambda: 16 * 10**9)
+    code, out, _ = cli(capsys, "models", "--json")
+    assert {row["name"]: row for row in json.loads(out)}["llama-3.3-70b"]["fits"] is False
+    # small sizes in MB, not '0.0 GB'
+    code, out, _ = cli(capsys, "models")
+    demo = next(line for line in out.splitlines() if "demo " in line)
+    assert "MB" in demo and "0.0 GB" not in demo
 
 
 # ---- rm -------------------------------------------------------------------------------------

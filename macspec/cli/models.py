@@ -33,7 +33,10 @@ NameArg = Annotated[
 
 
 def _gb(n: int | None) -> str:
-    return "-" if n is None else f"{n / 1e9:.1f} GB"
+    """Bytes for people: GB with one decimal, MB below 1 GB (the demo pair is a few MB)."""
+    if n is None:
+        return "-"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{max(n / 1e6, 0.1):.1f} MB"
 
 
 def _stderr() -> Console:
@@ -65,6 +68,7 @@ def _status_json(status: PairStatus) -> dict:
         "memory_bytes": memory.total_bytes,
         "available_memory_bytes": memory.available_bytes,
         "fits": memory.fits,
+        "estimated": memory.estimated,
     }
 
 
@@ -75,8 +79,10 @@ def _status_rows(statuses: list[PairStatus]) -> list[list[str]]:
         missing = len(status.missing)
         downloaded = "yes" if not missing else "partly" if missing < len(pair.members) else "no"
         on_disk = [s for s in (status.target_size_bytes, status.draft_size_bytes) if s is not None]
-        mem = _gb(memory.total_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
+        mark = "~" if memory.estimated else ""
+        mem = mark + _gb(memory.total_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
         fits = {True: "yes", False: "no", None: "?"}[memory.fits]
+        fits += mark if memory.fits is not None else ""
         rows.append(
             [
                 pair.name,
@@ -113,8 +119,9 @@ def _status_table(statuses: list[PairStatus], width: int) -> Table:
         table.add_row(*row[:-1], *([description] if with_description else []))
     total, usable = machine_memory_bytes(), usable_memory_bytes()
     table.caption = (
-        f"memory: weights + KV cache at the full context; +/?: KV cache unknown "
-        f"until pulled. This machine: {_gb(total)}, {_gb(usable)} for models."
+        f"memory: weights + KV cache at the full context; ~: estimated from the "
+        f"catalog's published sizes until pulled; +/?: KV cache unknown. "
+        f"This machine: {_gb(total)}, {_gb(usable)} for models."
     )
     return table
 
@@ -168,6 +175,28 @@ def _warn_memory(pair: Pair | None, repos: list[str], download_bytes: int) -> No
         )
 
 
+def _ask_if_too_big(pair: Pair, yes: bool) -> None:
+    """Offline, before any download: a pair estimated not to fit is downloaded only if the
+    user says so (or passed --yes)."""
+    memory = pair_status(pair).memory
+    if memory.fits is not False:
+        return
+    _stderr().print(
+        f"macspec: warning: {pair.name} needs about {_gb(memory.total_bytes)} of memory "
+        f"(weights + KV cache at {pair.context_length} tokens"
+        f"{', estimated' if memory.estimated else ''}); this machine can give models "
+        f"{_gb(memory.available_bytes)}. It may not run, or run slowly.",
+        highlight=False,
+    )
+    if yes:
+        return
+    if not _confirm(
+        f"Download {pair.name} (~{pair.size_gb:.1f} GB) anyway?", "nothing downloaded", "download"
+    ):
+        typer.echo("nothing downloaded", err=True)
+        raise typer.Exit(1)
+
+
 def _download_all(plans: list[hub.DownloadPlan]) -> None:
     """Download repos one after the other under one rich progress display on stderr."""
     columns = (
@@ -193,14 +222,17 @@ def _download_all(plans: list[hub.DownloadPlan]) -> None:
 @app.command("pull")
 def pull(
     name: NameArg,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Download even a pair that will not fit, unasked.")
+    ] = False,
 ) -> None:
     """Download a pair or one model.
 
     Downloads a pair's target and draft (or one repo) into the standard Hugging Face
-    cache, shared with mlx-lm. Checks free disk space first and warns when the pair
-    will not fit this machine's memory. Fetches only the files a model needs; after
-    an interruption it fetches only what is missing, and when everything is already
-    here it does no network work at all.
+    cache, shared with mlx-lm. Before any network work it says when a pair will not fit
+    this machine's memory and asks first (unless --yes); it checks free disk space.
+    Fetches only the files a model needs; after an interruption it fetches only what is
+    missing, and when everything is already here it does no network work at all.
     """
     pair, repos = _members(load_catalog(), name)
     for member in pair.members if pair else ():
@@ -210,11 +242,14 @@ def pull(
         typer.echo(f"{pair.name} needs no download (its models ship with macspec or are local)")
         return
     missing = [repo for repo in repos if hub.cached_model_path(repo) is None]
+    if missing and pair is not None:
+        _ask_if_too_big(pair, yes)
     if missing:
         plans = [hub.plan_download(repo) for repo in missing]
         total = sum(plan.download_bytes for plan in plans)
         hub.check_disk_space(total, name)
-        _warn_memory(pair, repos, total)
+        if pair is None:
+            _warn_memory(pair, repos, total)
         _download_all(plans)
     for repo in repos:
         state = "downloaded" if repo in missing else "already downloaded"
@@ -234,13 +269,13 @@ def _kept_for(catalog: Catalog, pair: Pair, repo: str) -> list[str]:
     return [other.name for other in users if pair_status(other).downloaded]
 
 
-def _confirm(question: str) -> bool:
+def _confirm(question: str, nothing_done: str = "nothing removed", verb: str = "remove") -> bool:
     """Ask on stdin; no answer (closed or empty stdin) counts as no."""
     try:
         return typer.confirm(question, default=False, err=True)
     except (typer.Abort, EOFError, OSError):  # closed, captured or absent stdin
         _stderr().print("", highlight=False)
-        fail("no answer on stdin, nothing removed (pass --yes to remove without asking)")
+        fail(f"no answer on stdin, {nothing_done} (pass --yes to {verb} without asking)")
     return False  # not reached
 
 

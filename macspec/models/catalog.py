@@ -16,6 +16,7 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.home import config_path, load_config, read_toml, user_catalog_path
+from macspec.models.known import known_config
 from macspec.models.memory import MemoryEstimate, estimate, weight_bytes
 
 SHIPPED_CATALOG = Path(__file__).parent.parent / "models.toml"
@@ -273,7 +274,11 @@ def pair_status(pair: Pair) -> PairStatus:
     else:
         weights = int(pair.size_gb * 1e9)
     configs = [_model_config(name, path) for name, path in found.items()]
-    memory = estimate(weights, configs, pair.context_length)
+    # Not downloaded: the architecture facts the catalog ships, marked as an estimate.
+    known = [known_config(name) if c is None else None for name, c in zip(found, configs)]
+    estimated = any(k is not None for k in known)
+    configs = [c if c is not None else k for c, k in zip(configs, known)]
+    memory = estimate(weights, configs, pair.context_length, estimated)
     missing = tuple(m for m, p in found.items() if p is None)
     return PairStatus(pair, paths[0], paths[1], sizes[0], sizes[1], memory, missing)
 

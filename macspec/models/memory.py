@@ -113,6 +113,8 @@ class MemoryEstimate:
     """Target plus draft KV caches at the pair's context length; None when a config is unknown."""
     available_bytes: int | None
     """The memory a pair may use here (USABLE_FRACTION of the total); None if unknown."""
+    estimated: bool = False
+    """True when a KV size comes from the catalog's published facts, not a downloaded config."""
 
     @property
     def total_bytes(self) -> int:
@@ -130,8 +132,11 @@ class MemoryEstimate:
         return None if self.kv_cache_bytes is None else True
 
 
-def estimate(weights: int, configs: list[dict | None], context_length: int) -> MemoryEstimate:
-    """Combine weight bytes and each model's config (None when unknown) into an estimate."""
+def estimate(
+    weights: int, configs: list[dict | None], context_length: int, estimated: bool = False
+) -> MemoryEstimate:
+    """Combine weight bytes and each model's config (None when unknown) into an estimate;
+    `estimated` marks configs taken from the catalog's facts rather than the model's files."""
     kv_parts = [kv_cache_bytes(c, context_length) if c is not None else None for c in configs]
     kv = None if any(part is None for part in kv_parts) else sum(kv_parts)  # type: ignore[arg-type]
-    return MemoryEstimate(weights, kv, usable_memory_bytes())
+    return MemoryEstimate(weights, kv, usable_memory_bytes(), estimated)
