@@ -55,10 +55,13 @@ class _Plan:
     train: list[TunePrompt]
     held_out: list[TunePrompt]
     k: int
+    notes: list[str]
+    """What the user should know, said once every check has passed."""
 
 
-def check(config: TuneConfig, reporter: Reporter) -> _Plan:
+def check(config: TuneConfig) -> _Plan:
     """Every check that needs no model weights; writes nothing."""
+    notes = []
     if config.prompts is not None and config.from_history:
         raise MacspecError("pass --prompts FILE or --from-history, not both")
     if config.prompts is None and not config.from_history:
@@ -90,13 +93,13 @@ def check(config: TuneConfig, reporter: Reporter) -> _Plan:
                 f"--from-history: no stored conversations in {database} "
                 "(chat with `macspec chat` first, or pass --prompts FILE)"
             )
-        reporter.note(f"history: {conversations} conversations, {len(prompts)} prompts")
+        notes.append(f"history: {conversations} conversations, {len(prompts)} prompts")
     if config.held_out is not None:
         held_out = read_prompts(config.held_out, "--held-out")
         keep = {p.messages for p in held_out}
         train = [p for p in prompts if p.messages not in keep]  # never train on held-out ones
         if len(train) < len(prompts):
-            reporter.note(f"{len(prompts) - len(train)} prompts also in --held-out: not trained on")
+            notes.append(f"{len(prompts) - len(train)} prompts also in --held-out: not trained on")
         if not train:
             raise MacspecError("no prompts left to train on: all of them are in --held-out")
     else:
@@ -115,7 +118,7 @@ def check(config: TuneConfig, reporter: Reporter) -> _Plan:
         save.check_register_name(config.register)
     policy = resolved.pair.draft_policy if resolved.pair is not None else "auto"
     k = config.k or (policy if isinstance(policy, int) else DEFAULT_K)
-    return _Plan(resolved, train, held_out, k)
+    return _Plan(resolved, train, held_out, k, notes)
 
 
 def encode(tokenizer, prompt: TunePrompt) -> list[int]:
@@ -128,7 +131,9 @@ def encode(tokenizer, prompt: TunePrompt) -> list[int]:
 def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
     """Check, answer, measure, train, save, measure again; register if asked and better."""
     reporter = reporter or QuietReporter()
-    plan = check(config, reporter)
+    plan = check(config)
+    for note in plan.notes:
+        reporter.note(note)
     resolved = plan.resolved
     loaded = load_models(resolved.target, resolved.draft, resolved.target_name, resolved.draft_name)
     tokenizer = loaded.tokenizer
