@@ -15,7 +15,12 @@ from macspec.cli.app import app, fail
 
 @app.command()
 def tune(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the tuned draft.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="Folder for the tuned draft (must not exist, unless --force)."
+        ),
+    ],
     model: opt.Model = None,
     draft_model: Annotated[
         str | None, typer.Option("--draft-model", help="The draft to tune (shares the tokenizer).")
@@ -41,10 +46,14 @@ def tune(
     ] = None,
     steps: Annotated[
         int | None,
-        typer.Option("--steps", help="Training steps [default: two passes over the answers]."),
+        typer.Option(
+            "--steps",
+            help="Training steps [default: about two passes over the answers, 10 to 1,000].",
+        ),
     ] = None,
     lora_rank: Annotated[
-        int | None, typer.Option("--lora-rank", help="LoRA rank (LoRA is the default) [8].")
+        int | None,
+        typer.Option("--lora-rank", help="LoRA rank (LoRA is the default).  [default: 8]"),
     ] = None,
     full: Annotated[
         bool, typer.Option("--full", help="Full fine-tuning instead of LoRA (tiny drafts).")
@@ -52,14 +61,18 @@ def tune(
     kl: Annotated[
         float,
         typer.Option(
-            "--kl", help="Weight of KL(target top-k || draft) in the loss, 0..1 (0: cross-entropy)."
+            "--kl",
+            help="Weight of KL(target top-32 || draft) in the loss, 0..1 (0: cross-entropy on "
+            "the target's tokens only).",
         ),
     ] = 0.0,
     learning_rate: Annotated[
         float | None,
-        typer.Option("--learning-rate", help="Peak learning rate [2e-4 LoRA, 5e-4 full]."),
+        typer.Option("--learning-rate", help="Peak learning rate [default: 2e-4 LoRA, 5e-4 full]."),
     ] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Conversations a step.")] = 8,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Conversations per training step.")
+    ] = 8,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Longest answer, to train on and to measure.")
     ] = 256,
@@ -72,18 +85,44 @@ def tune(
         typer.Option(
             "--num-draft-tokens",
             "-k",
-            help="Draft length when measuring [the pair's fixed k, else 4].",
+            help="Draft length when measuring [default: the pair's fixed k, else 4].",
         ),
     ] = None,
     register: Annotated[
         str | None,
-        typer.Option("--register", help="Add a pair of this name (target + tuned draft)."),
+        typer.Option(
+            "--register",
+            help="Add a pair of this name (target + tuned draft) to your models.toml, only "
+            "if the tuned draft measured better.",
+        ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the split, sampling, batches.")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", help="Seed of the held-out split, sampling, batch order and LoRA init."
+        ),
+    ] = 0,
 ) -> None:
-    """Distil the draft on the target's own answers (mlx-lm's tuner, LoRA or full), save it
-    under --out in mlx-lm format, and measure acceptance on held-out prompts before and after."""
+    """Distil a draft on the target's own answers, and measure whether it got better.
+
+    The target answers the prompts (--prompts FILE, or your stored chats with --from-history)
+    with macspec's engine, greedy unless --temp. mlx-lm's tuner fine-tunes the draft on those
+    answers: LoRA by default (QLoRA on a quantized draft), --full for tiny drafts. The result is
+    fused, re-quantized to the draft's own bits and saved under --out as an mlx-lm model folder,
+    written aside and renamed into place only when whole: an error or Ctrl-C leaves nothing.
+    Without --pair or --model, the default pair's draft is tuned.
+
+    Acceptance and tokens per target pass are measured on held-out prompts that are never
+    trained on, before and after, at one draft length, and printed side by side with the
+    training time and peak memory (tune.json in --out keeps them). Tuning may not help: then
+    it says NOT better, --register adds no pair, and the old draft stays the default.
+
+    \b
+    Example:
+      macspec tune --pair qwen2.5-7b --prompts mine.jsonl --out ~/drafts/qwen-tuned \\
+        --register qwen2.5-7b-mine
+    """
     if full and lora_rank is not None:
         fail("--full and --lora-rank contradict each other; pass one")
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
@@ -123,7 +162,7 @@ def tune(
         f"{result.peak_memory_bytes / 1e6:.0f} MB (MLX), {result.max_rss_bytes / 1e6:.0f} MB "
         "(process)"
     )
-    print(f"saved: {out} (mlx-lm format, quantized as the draft was; tune.json has the figures)")
+    print(f"saved: {out} (mlx-lm format, at the draft's own precision; tune.json has the figures)")
     b, a = result.before, result.after
     if result.better:
         print(
