@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import mlx.core as mx  # noqa: E402
 import tiny  # noqa: E402
+from losslesskit import PROMPTS  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
-from test_caches import PROMPTS  # noqa: E402
 
 from macspec.engine.drafters import ModelDrafter  # noqa: E402
 from macspec.engine.loop import Engine, GenerationConfig  # noqa: E402

@@ -221,18 +221,29 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--data", type=Path, default=ROOT / "scratch" / "demo_mtp_data.npz",
+        help="steps 1-3 are saved here and reused by the next run",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    train_pairs, _ = build_corpus(args.seed, 1500, holdout=0.05)  # held-out prompts never used
-    random.Random(args.seed).shuffle(train_pairs)
-    prompts = [p["prompt"] for p in train_pairs[: args.prompts]]
-    log(f"1-2. the target answers {len(prompts)} training prompts")
-    sequences = target_answers(prompts, args.max_tokens, log)
-    log(f"3. hidden states and choices over {sum(map(len, sequences))} tokens")
-    data = target_states(sequences, args.seq_len)
+    if args.data.is_file():
+        saved = np.load(args.data)
+        data = tuple(saved[k] for k in ("ids", "hidden", "choice", "lengths"))
+        log(f"1-3. reusing {args.data} ({int(data[3].sum())} tokens)")
+    else:
+        train_pairs, _ = build_corpus(args.seed, 1500, holdout=0.05)  # held-out never used
+        random.Random(args.seed).shuffle(train_pairs)
+        prompts = [p["prompt"] for p in train_pairs[: args.prompts]]
+        log(f"1-2. the target answers {len(prompts)} training prompts")
+        sequences = target_answers(prompts, args.max_tokens, log)
+        log(f"3. hidden states and choices over {sum(map(len, sequences))} tokens")
+        data = target_states(sequences, args.seq_len)
+        args.data.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(args.data, ids=data[0], hidden=data[1], choice=data[2], lengths=data[3])
     target = dequantized(DEMO / "target")
     cfg_json = json.loads((DEMO / "target" / "config.json").read_text())
     cfg = ModelConfig(

@@ -30,10 +30,14 @@ def exact_joint(target, prompt: list[int], params: SamplingParams, vocab: int, l
 def sampled_joint(
     engine: Engine, prompt: list[int], params: SamplingParams, vocab: int, runs: int, length=3
 ) -> tuple[list[int], int]:
-    """(outcome per run, guesses rejected in all) for `runs` seeded generations."""
+    """(outcome per run, guesses rejected in all) for `runs` seeded generations under the
+    rejection rule: the seeded default, 'coupled', never reaches `sampled_verdict`, and its
+    exactness is identity with plain decoding (test_coupled), not a distribution."""
     outcomes, rejected = [], 0
     for seed in range(runs):
-        config = GenerationConfig(max_tokens=length, sampling=params, seed=seed)
+        config = GenerationConfig(
+            max_tokens=length, sampling=params, seed=seed, sampler="rejection"
+        )
         done = list(engine.generate(prompt, config))[-1]
         outcomes.append(int(np.ravel_multi_index(tuple(done.tokens), (vocab,) * length)))
         rejected += done.stats.draft_proposed - done.stats.draft_accepted

@@ -11,41 +11,17 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 import tiny
-from mlx_lm.generate import generate_step
+from losslesskit import EOS, PROMPTS, done_of, reference
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from macspec.engine.cached import CachedModel
 from macspec.engine.drafters import Draft, ModelDrafter
-from macspec.engine.events import Done
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
 
-EOS = 257
 MAX_TOKENS = 16
-PROMPTS = [
-    "hello world",
-    "def f(x):",
-    "The quick brown fox jumps over the lazy dog",
-    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
-    "import os\nimport sys\n",
-    "Once upon a time",
-    "SELECT * FROM users WHERE id = 1;",
-    "<html><body>",
-    "for i in range(10):",
-    "a",
-    "zzzz",
-    "Speculative decoding is lossless when",
-    "print('hi')",
-    "2 + 2 =",
-    "The capital of France",
-    "lorem ipsum dolor sit amet, consectetur",
-    "class Foo:\n    def",
-    '{"key": ',
-    "# TODO:",
-    "MLX on a Mac",
-]
 
 
 @pytest.fixture(scope="module")
@@ -53,22 +29,6 @@ def tok(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tok")
     tiny.write_tokenizer(folder)
     return tiny.tokenizer(folder)
-
-
-def reference(model, prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
-    """mlx-lm greedy decoding of the target alone, cut at (and without) EOS."""
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        if token == EOS:
-            break
-        out.append(token)
-    return out
-
-
-def done_of(events) -> Done:
-    last = list(events)[-1]
-    assert isinstance(last, Done)
-    return last
 
 
 # target kind -> its drafts: name -> how to build it from the target
@@ -106,7 +66,7 @@ def make_engine(tok, target, draft, config: str) -> Engine:
 def test_greedy_is_target_alone_for_every_draft_length_and_source(tok, pair):
     kind, target, draft = pair
     prompts = [tok.encode(text) for text in PROMPTS]
-    expected = [reference(target, p) for p in prompts]
+    expected = [reference(target, p, MAX_TOKENS) for p in prompts]
     assert any(len(p) + len(e) > 12 for p, e in zip(prompts, expected))  # past the window
     refed = 0
     for config in CONFIGS:
@@ -326,7 +286,7 @@ def test_a_chat_past_the_window_and_with_an_edited_answer_stays_exact(tok, tmp_p
             chat.messages[-1]["content"] = "something else entirely"
         done = done_of(chat.send(text))
         prompt = chat.last_prompt
-        assert done.tokens == reference(target, prompt), f"turn {i + 1}"
+        assert done.tokens == reference(target, prompt, MAX_TOKENS), f"turn {i + 1}"
         if i:
             assert done.stats.prefilled_tokens < len(prompt)  # a cached prefix was reused
     assert len(prompt) > 3 * 12  # the conversation is well past the sliding window

@@ -9,39 +9,20 @@ import json
 import numpy as np
 import pytest
 import tiny
+from losslesskit import PROMPTS, done_of
 from samplingkit import exact_joint
 from test_sampling import IdTokenizer, distribution_matches
 
 from macspec.cli import main
 from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Done, Token
+from macspec.engine.events import Token
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import AutoPolicy, FixedPolicy
 from macspec.engine.sampling import CoupledNoise, SamplingParams
 
-PROMPTS = [
-    "hello world",
-    "def f(x):",
-    "The quick brown fox",
-    "1, 2, 3, 4,",
-    "import os\n",
-    "Once upon a time",
-    "SELECT * FROM",
-    "<html><body>",
-    "for i in range(10):",
-    "a",
-    "zzzz",
-    "Speculative decoding is",
-    "print('hi')",
-    "2 + 2 =",
-    "The capital of France",
-    "lorem ipsum dolor",
-    "class Foo:",
-    '{"key": ',
-    "# TODO:",
-    "the cat sat on the mat. the cat sat on the",
-]
+# lookup drafting needs a prompt that repeats itself
+REPEATING = "the cat sat on the mat. the cat sat on the"
 SETTINGS = [
     SamplingParams(temperature=0.7, top_p=0.9),
     SamplingParams(temperature=1.0, top_k=20),
@@ -75,12 +56,6 @@ def models():
     }
 
 
-def done_of(events) -> Done:
-    last = list(events)[-1]
-    assert isinstance(last, Done)
-    return last
-
-
 def check_identical(tok, target, drafts, prompts, seeds, max_tokens=12) -> dict[str, float]:
     """Every configuration's tokens equal plain decoding's; returns acceptance by config."""
     accepted = {name: [0, 0] for name in CONFIGS}
@@ -108,7 +83,7 @@ def check_identical(tok, target, drafts, prompts, seeds, max_tokens=12) -> dict[
 
 def test_seeded_output_is_plain_decodings_whatever_drafts(tok, models):
     target, drafts = models
-    acceptance = check_identical(tok, target, drafts, PROMPTS, seeds=(0, 1, 2))
+    acceptance = check_identical(tok, target, drafts, [*PROMPTS[:19], REPEATING], seeds=(0, 1, 2))
     assert acceptance["k=2"] > 0.2  # guesses were kept and rejected: the rule was exercised
 
 

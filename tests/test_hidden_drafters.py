@@ -14,12 +14,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import tiny
-from mlx_lm.generate import generate_step
+from losslesskit import PROMPTS, done_of, reference
 
 from macspec.cli import main
 from macspec.engine.choice import DrafterChoice
 from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.events import Cycle, Done
+from macspec.engine.events import Cycle
 from macspec.engine.lookup import LookupDrafter
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.mtp import MTPDrafter
@@ -27,30 +27,7 @@ from macspec.engine.policy import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
 from macspec.models.drafters import NORM_SUFFIXES, load_dflash, load_mtp, read_config
 
-EOF = 257
 MAX_TOKENS = 16
-PROMPTS = [
-    "hello world",
-    "def f(x):",
-    "The quick brown fox jumps over the lazy dog",
-    "1, 2, 3, 4, 5, 6, 7, 8,",
-    "import os\nimport sys\n",
-    "Once upon a time",
-    "SELECT * FROM users;",
-    "<html><body>",
-    "for i in range(10):",
-    "a",
-    "zzzz",
-    "Speculative decoding is",
-    "print('hi')",
-    "2 + 2 =",
-    "The capital of France",
-    "lorem ipsum dolor sit amet",
-    "class Foo:\n    def",
-    '{"key": ',
-    "# TODO:",
-    "MLX on a Mac",
-]
 
 
 @pytest.fixture(scope="module")
@@ -58,21 +35,6 @@ def tok(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tok")
     tiny.write_tokenizer(folder)
     return tiny.tokenizer(folder)
-
-
-def reference(model, prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        if token == EOF:
-            break
-        out.append(token)
-    return out
-
-
-def done_of(events) -> Done:
-    last = list(events)[-1]
-    assert isinstance(last, Done)
-    return last
 
 
 def quantized(model: nn.Module) -> nn.Module:
@@ -120,7 +82,7 @@ def configs(make_drafter):
 def check_greedy(tok, target, make_drafter) -> dict[str, float]:
     """Every configuration over every prompt is the target alone; returns acceptance by label."""
     prompts = [tok.encode(text) for text in PROMPTS]
-    wants = [reference(target, p) for p in prompts]
+    wants = [reference(target, p, MAX_TOKENS) for p in prompts]
     acceptance = {}
     for label, drafter, policy in configs(make_drafter):
         engine = Engine(target, tok, drafter, policy)  # one engine: caches reused across prompts

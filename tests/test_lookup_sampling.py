@@ -78,7 +78,9 @@ def sampled_counts(drafter, model, prompt: list[int]) -> tuple[Counter, Counter]
     engine = Engine(model, _TinyVocabTokenizer(), drafter, FixedPolicy(3))
     counts, sources = Counter(), Counter()
     for seed in range(SAMPLES):
-        config = GenerationConfig(max_tokens=LENGTH, sampling=SAMPLED, seed=seed)
+        config = GenerationConfig(
+            max_tokens=LENGTH, sampling=SAMPLED, seed=seed, sampler="rejection"
+        )
         done = list(engine.generate(prompt, config))[-1]
         counts[tuple(done.tokens)] += 1
         for source, (proposed, _) in done.stats.by_source.items():

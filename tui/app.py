@@ -43,6 +43,9 @@ from tui.widgets.transcript import AnswerMessage, Transcript
 
 POST_EVERY_S = 1 / 30
 """Most often the worker posts token pieces to the UI (more would only queue up)."""
+STATS_EVERY_S = 1 / 4
+"""Most often the stats bar redraws while an answer streams (its figures change slowly; the
+text itself shows as it comes). The final figures always show."""
 
 
 def stored_summary(message: StoredMessage) -> str:
@@ -97,6 +100,7 @@ class ChatApp(App, inherit_bindings=False):
         self.turns_ended = 0
         """Turns that ended (answered, stopped, failed or refused): tests wait on it."""
         self._answer: AnswerMessage | None = None
+        self._stats_shown = 0.0
         self._cancel = threading.Event()
         self._worker: Worker | None = None
 
@@ -148,6 +152,7 @@ class ChatApp(App, inherit_bindings=False):
                     stored_summary(message),
                     live=False,
                     reasoning=message.reasoning,
+                    sources=message.sources,
                 )
 
     # -- a turn ----------------------------------------------------------------------------
@@ -210,7 +215,10 @@ class ChatApp(App, inherit_bindings=False):
     async def _chunk(self, message: Chunk) -> None:
         if self._answer is not None and message.pieces:
             await self._answer.add_tokens(message.pieces)
-        self.stats_bar.show(message.figures)
+        now = time.monotonic()
+        if now - self._stats_shown >= STATS_EVERY_S:
+            self.stats_bar.show(message.figures)
+            self._stats_shown = now
 
     @on(Finished)
     async def _finished(self, message: Finished) -> None:
@@ -347,7 +355,10 @@ class ChatApp(App, inherit_bindings=False):
 
 
 def default_pair_loader(
-    num_draft_tokens: str | None = None, no_draft: bool = False, draft: str | None = None
+    num_draft_tokens: str | None = None,
+    no_draft: bool = False,
+    draft: str | None = None,
+    cache_options=None,
 ) -> Callable[[Pair], ChatModels]:
     """Loads a catalog pair from disk with the command line's draft settings."""
 
@@ -355,7 +366,7 @@ def default_pair_loader(
         resolved = resolve_models(
             pair.name, None, None, need_draft=needs_draft_model(draft, no_draft)
         )
-        return open_models(resolved, num_draft_tokens, no_draft, draft)
+        return open_models(resolved, num_draft_tokens, no_draft, draft, cache_options)
 
     return load
 

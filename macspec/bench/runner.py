@@ -30,6 +30,7 @@ from macspec.bench.figures import (
 )
 from macspec.bench.theory import CostCurve
 from macspec.bench.waits import WaitCounter
+from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import DraftPolicy, make_policy
@@ -69,6 +70,8 @@ class BenchSettings:
     draft_source: str = "model"
     """Where macspec's guesses come from ('model', 'lookup', 'hybrid', 'mtp', 'dflash');
     mlx-lm's are always its draft model's. The cost curve times a draft step and a lookup."""
+    cache_options: CacheOptions = DEFAULT_CACHE
+    """KV cache quantization and size, for macspec and mlx-lm alike."""
     more_sources: tuple[str, ...] = ()
     """Other drafters macspec also runs, at the same k and auto, side by side."""
 
@@ -188,12 +191,20 @@ class Runner:
         # A fresh engine per run, as stream_generate makes fresh caches: no reuse between runs.
         drafter, policy = None, None
         if config.draft is not None:
-            drafter = make_drafter(config.source or self.settings.draft_source, loaded)
+            source = config.source or self.settings.draft_source
+            drafter = make_drafter(source, loaded, self.settings.cache_options)
             if config.draft == "auto-warm":
                 policy = self._warm_policies.setdefault(config, make_policy("auto"))
             else:
                 policy = make_policy(config.draft)
-        engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
+        engine = Engine(
+            loaded.target,
+            loaded.tokenizer,
+            drafter,
+            policy,
+            loaded.vocab_size,
+            self.settings.cache_options,
+        )
         for event in engine.generate(prompt_ids, generation):
             if isinstance(event, Token):
                 if not arrivals:
@@ -233,7 +244,16 @@ class Runner:
     ) -> RunRecord:
         loaded = self.loaded
         top_p = self.settings.top_p if self.settings.top_p < 1 else 0.0  # mlx-lm: 0 is off
-        kwargs = {"max_tokens": max_tokens, "sampler": make_sampler(config.temperature, top_p)}
+        caches = self.settings.cache_options
+        kwargs = {
+            "max_tokens": max_tokens,
+            "sampler": make_sampler(config.temperature, top_p),
+            "kv_bits": caches.kv_bits,
+            "kv_group_size": caches.kv_group_size,
+            "quantized_kv_start": caches.quantized_kv_start,
+        }
+        if caches.max_kv_size is not None:  # mlx-lm speculates with no max_kv_size at all
+            kwargs["max_kv_size"] = caches.max_kv_size
         k = config.k or 0
         if config.draft is not None:
             kwargs.update(draft_model=loaded.draft, num_draft_tokens=k)

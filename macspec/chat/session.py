@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from macspec.chat.store import ModelInfo, Store, title_for
+from macspec.engine.cached import DEFAULT_CACHE
 from macspec.engine.events import Done, Event, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
@@ -328,9 +329,12 @@ def open_models(
     num_draft_tokens: str | None = None,
     no_draft: bool = False,
     draft: str | None = None,
+    cache_options=None,
 ) -> ChatModels:
     """Load resolved models into an engine (slow: run it off the UI thread)."""
-    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
+    engine, loaded = build_engine(
+        resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE
+    )
     models = ModelInfo(
         target=resolved.target_name,
         draft=resolved.draft_name if engine.drafter is not None else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -33,6 +34,8 @@ def fail(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: runs the app, printing user errors as one line on stderr, exit 2."""
+    # Prompts are short to encode; parallel tokenizers only warn when the process forks later.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     command = typer.main.get_command(app)
     try:
         result = command.main(

@@ -287,6 +287,10 @@ def bench(
         ),
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled runs.")] = 0,
+    kv_bits: opt.KvBits = None,
+    kv_group_size: opt.KvGroupSize = 64,
+    quantized_kv_start: opt.QuantizedKvStart = 0,
+    max_kv_size: opt.MaxKvSize = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Passes over the prompt set.")] = 1,
     k: Annotated[
         str | None,
@@ -349,6 +353,7 @@ def bench(
         curve_max_m=max(8 if quick else 16, max(ks) + 1),
         curve_repeats=3 if quick else 7,
         draft_source=sources[0],
+        cache_options=opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size),
         more_sources=tuple(sources[1:]),
     )
     chosen = (

@@ -37,6 +37,11 @@ def chat(
     system: opt.System = None,
     chat_template_args: opt.ChatTemplateArgs = None,
     sampler: opt.Sampler = None,
+    kv_bits: opt.KvBits = None,
+    kv_group_size: opt.KvGroupSize = 64,
+    quantized_kv_start: opt.QuantizedKvStart = 0,
+    max_kv_size: opt.MaxKvSize = None,
+    prefill_step_size: opt.PrefillStepSize = 2048,
     resume: Annotated[
         int | None,
         typer.Option("--resume", "-r", help="Continue the stored conversation with this id."),
@@ -68,7 +73,9 @@ def chat(
         stop_strings=tuple(stop or ()),
         seed=seed,
         sampler=sampler,
+        prefill_step_size=prefill_step_size,
     )
+    caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
     if temp > 0:
         choose_sampler(sampler, seed)  # before any model loads
     store = Store()
@@ -84,7 +91,7 @@ def chat(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
-    loaded = open_models(resolved, num_draft_tokens, no_draft, draft)
+    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches)
 
     from tui.app import default_pair_loader, make_app  # textual only when the UI runs
 
@@ -96,7 +103,7 @@ def chat(
         config=config,
         context_length=loaded.context_length,
         conversation_id=conversation_id,
-        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft),
+        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft, caches),
         warnings=[*loaded.warnings, *notes],
         system_prompt=system,
         template_args=args,

@@ -49,6 +49,11 @@ def run(
     system: opt.System = None,
     chat_template_args: opt.ChatTemplateArgs = None,
     sampler: opt.Sampler = None,
+    kv_bits: opt.KvBits = None,
+    kv_group_size: opt.KvGroupSize = 64,
+    quantized_kv_start: opt.QuantizedKvStart = 0,
+    max_kv_size: opt.MaxKvSize = None,
+    prefill_step_size: opt.PrefillStepSize = 2048,
 ) -> None:
     """Answer one prompt with speculative decoding, streaming the text as it comes."""
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
@@ -68,13 +73,15 @@ def run(
         stop_strings=tuple(stop or ()),
         seed=seed,
         sampler=sampler,
+        prefill_step_size=prefill_step_size,
     )
+    caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
     if temp > 0:
         choose_sampler(sampler, seed)  # a bad --sampler fails before any model loads
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
-    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
+    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft, caches)
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)

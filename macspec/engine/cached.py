@@ -41,7 +41,8 @@ from macspec.engine import recurrent
 from macspec.engine.taps import Hidden, HiddenSpec, Taps
 from macspec.errors import MacspecError
 
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 2048
+"""Prompt ids per prefill pass, as mlx-lm's generate: bounded memory, full GPU batches."""
 
 ALWAYS_TRIMMABLE = (KVCache, QuantizedKVCache, ConcatenateKVCache)
 """Cache types whose `trim` is exact at any length: they never need a checkpoint."""
@@ -111,6 +112,49 @@ def trim_layer(layer_cache: Any, n: int) -> None:
     layer_cache._idx = rows
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """How a model's cache is made (mlx-lm's flags of the same names)."""
+
+    kv_bits: int | None = None
+    """Quantize attention keys and values to 4 or 8 bits (None: full precision)."""
+    kv_group_size: int = 64
+    """Group size of that quantization."""
+    quantized_kv_start: int = 0
+    """Quantize a layer's cache once it holds this many ids (mlx-lm's default is 5000)."""
+    max_kv_size: int | None = None
+    """Keep at most this many ids per layer: a sliding window (None: all of them)."""
+
+    def __post_init__(self) -> None:
+        if self.kv_bits is not None and self.kv_bits not in (4, 8):
+            raise MacspecError(f"--kv-bits must be 4 or 8, got {self.kv_bits}")
+        if self.kv_group_size not in (32, 64, 128):
+            raise MacspecError(f"--kv-group-size must be 32, 64 or 128, got {self.kv_group_size}")
+        if self.max_kv_size is not None and self.max_kv_size < 1:
+            raise MacspecError(f"--max-kv-size must be positive, got {self.max_kv_size}")
+        if self.quantized_kv_start < 0:
+            raise MacspecError("--quantized-kv-start must not be negative")
+
+    def make(self, model: nn.Module) -> list[Any]:
+        return make_prompt_cache(model, max_kv_size=self.max_kv_size)
+
+    def quantize(self, cache: list[Any]) -> None:
+        """Turn full attention caches that hold enough ids into quantized ones, as mlx-lm's
+        generate does after every pass (sliding windows stay as they are: mlx-lm cannot
+        quantize them)."""
+        if self.kv_bits is None:
+            return
+        for i, layer_cache in enumerate(cache):
+            if type(layer_cache) is KVCache and layer_cache.offset >= self.quantized_kv_start:
+                cache[i] = layer_cache.to_quantized(
+                    group_size=self.kv_group_size, bits=self.kv_bits
+                )
+
+
+DEFAULT_CACHE = CacheOptions()
+"""Full-precision caches that keep every id."""
+
+
 @dataclass
 class Checkpoint:
     """The state of the layers that cannot trim, after the first `length` ids."""
@@ -138,10 +182,17 @@ class SavedCache:
 class CachedModel:
     """A language model, its cache, and `tokens`: exactly the ids the cache has seen."""
 
-    def __init__(self, model: nn.Module, name: str = "model", cache: list[Any] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        name: str = "model",
+        cache: list[Any] | None = None,
+        options: CacheOptions = DEFAULT_CACHE,
+    ):
         self.model = model
         self.name = name
-        self.cache = cache if cache is not None else make_prompt_cache(model)
+        self.options = options
+        self.cache = cache if cache is not None else options.make(model)
         self._tokens: list[int] = []
         # Ids fed as unevaluated arrays (a draft feeding its own guesses), resolved on demand
         # so drafting never waits for a sync just to keep this bookkeeping.
@@ -208,17 +259,20 @@ class CachedModel:
             if self._taps is not None:  # a drafter reads this pass's hidden states
                 hidden = stack.enter_context(self._taps.record())
             logits = self.model(array[None], cache=self.cache)[0]
+        self.options.quantize(self.cache)
         if record is not None:
             self._pass = (before, len(self) - before, record)
         if hidden is not None and self._hidden_sink is not None:
             self._hidden_sink(before, hidden)
         return logits
 
-    def prefill(self, ids: Sequence[int]) -> None:
-        """Feed ids in chunks, evaluating as it goes so memory stays bounded on long prompts."""
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            self.forward(ids[start : start + PREFILL_CHUNK])
+    def prefill(self, ids: Sequence[int], step: int = PREFILL_CHUNK) -> None:
+        """Feed ids in chunks of `step`, evaluating as it goes so memory stays bounded on long
+        prompts; MLX's buffer cache is emptied after each chunk, as mlx-lm does."""
+        for start in range(0, len(ids), step):
+            self.forward(ids[start : start + step])
             mx.eval([c.state for c in self.cache])
+            mx.clear_cache()
 
     # -- rollback ------------------------------------------------------------------------------
     def checkpoint(self, slot: str = "cycle") -> None:
@@ -298,7 +352,7 @@ class CachedModel:
     def _restore(self, length: int) -> int:
         usable = [c for c in self._checkpoints.values() if c.length <= length]
         if not usable:  # nothing to return to: start this model's cache over
-            self.cache = make_prompt_cache(self.model)
+            self.cache = self.options.make(self.model)
             self._tokens, self._lazy, self._checkpoints = [], [], {}
             return 0
         checkpoint = max(usable, key=lambda c: c.length)

@@ -13,7 +13,7 @@ from typing import Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine.cached import CachedModel
+from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
 from macspec.engine.sampling import Draws, SamplingParams, probabilities
 
 
@@ -70,8 +70,14 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, model: nn.Module, vocab_size: int | None = None, cache: list | None = None):
-        self.state = CachedModel(model, name="draft model", cache=cache)
+    def __init__(
+        self,
+        model: nn.Module,
+        vocab_size: int | None = None,
+        cache: list | None = None,
+        options: CacheOptions = DEFAULT_CACHE,
+    ):
+        self.state = CachedModel(model, name="draft model", cache=cache, options=options)
         self.state.require_rollback()
         self.vocab_size = vocab_size
         """Logits beyond this id are cut off, so p and q share one support."""

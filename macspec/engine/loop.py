@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine.cached import CachedModel
+from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
 from macspec.engine.drafters import Drafter
 from macspec.engine.events import Cycle, Done, Event, Source, Token
 from macspec.engine.policy import AutoPolicy, DraftPolicy
@@ -22,8 +22,11 @@ from macspec.engine.sampling import Randomness, SamplingParams, choose_sampler, 
 from macspec.engine.stats import Stats
 from macspec.engine.stops import StopScanner
 from macspec.engine.verify import greedy_verdict, sampled_verdict
+from macspec.engine.wired import wired_limit
 from macspec.errors import MacspecError
 
+CLEAR_CACHE_EVERY = 256
+"""Decoded ids between emptyings of MLX's buffer cache (mlx-lm's generate does the same)."""
 PROBE_EVERY = 8
 """Every this many speculative cycles (and the first few), one waits after drafting too, so
 drafting and verifying are timed apart for the policy; the others wait once."""
@@ -43,6 +46,8 @@ class GenerationConfig:
     """Text that ends the answer when it appears (it is not shown)."""
     seed: int | None = None
     """Seed for sampled runs; None draws a fresh one."""
+    prefill_step_size: int = 2048
+    """Prompt ids per prefill pass (mlx-lm's --prefill-step-size)."""
     sampler: str | None = None
     """Sampled runs: 'coupled' (output identical to plain decoding with the seed, whatever
     drafts) or 'rejection' (the most guesses kept); None: coupled with a seed, else rejection."""
@@ -50,6 +55,8 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise MacspecError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.prefill_step_size < 1:
+            raise MacspecError(f"--prefill-step-size must be >= 1, got {self.prefill_step_size}")
 
 
 @dataclass
@@ -72,8 +79,9 @@ class Engine:
         drafter: Drafter | None = None,
         policy: DraftPolicy | None = None,
         vocab_size: int | None = None,
+        cache_options: CacheOptions = DEFAULT_CACHE,
     ):
-        self.target = CachedModel(target, name="target model")
+        self.target = CachedModel(target, name="target model", options=cache_options)
         if drafter is not None:
             self.target.require_rollback()
             needs = getattr(drafter, "needs", None)
@@ -103,7 +111,7 @@ class Engine:
         started = time.perf_counter()
         pending = target.reuse(prompt)
         stats.prefilled_tokens = len(pending)
-        target.prefill(pending[:-1])
+        target.prefill(pending[:-1], config.prefill_step_size)
         # Where the next chat turn can return to if its prompt differs after this one (a model
         # with recurrent layers cannot trim back to it); free for attention-only models.
         target.checkpoint("prompt")
@@ -145,6 +153,8 @@ class Engine:
                 for i, token in enumerate(kept):
                     progress.delivered += 1
                     yield token, (Source.DRAFT if i < len(kept) - 1 else Source.TARGET)
+                    if progress.delivered % CLEAR_CACHE_EVERY == 0:
+                        mx.clear_cache()
         finally:
             # Closed early (EOS, stop string, cancel, Ctrl-C): drop what was not delivered.
             keep = len(prompt) + progress.delivered - 1
@@ -203,6 +213,8 @@ class Engine:
             yield cycle
             progress.delivered += 1
             yield value, Source.TARGET
+            if progress.delivered % CLEAR_CACHE_EVERY == 0:
+                mx.clear_cache()  # MLX's buffer cache, as mlx-lm's generate does
             if following is None:
                 return
             token, requested, position = following, 0, position + 1
@@ -330,34 +342,35 @@ class Engine:
         first_at = last_at = None
 
         raw = self._cycles(prompt, config, rng, stats)
-        try:
-            for item in raw:
-                if isinstance(item, Cycle):
-                    stats.add_cycle(item)
-                    yield item
-                    continue
-                token, source = item
-                last_at = time.perf_counter()
-                if first_at is None:
-                    first_at = last_at
-                if token in self.eos_ids:
-                    finish = "stop"
-                    break
-                tokens.append(token)
-                sources.append(source)
-                detokenizer.add_token(token)
-                text, hit = scanner.feed(detokenizer.text)
-                yield Token(token, text, source)
-                if hit:
-                    finish, stopped_at = "stop_string", scanner.released
-                    break
-                if len(tokens) >= config.max_tokens:
-                    break
-                if cancelled is not None and cancelled():
-                    finish = "cancelled"
-                    break
-        finally:
-            raw.close()
+        with wired_limit():  # Metal: the weights stay wired while generating
+            try:
+                for item in raw:
+                    if isinstance(item, Cycle):
+                        stats.add_cycle(item)
+                        yield item
+                        continue
+                    token, source = item
+                    last_at = time.perf_counter()
+                    if first_at is None:
+                        first_at = last_at
+                    if token in self.eos_ids:
+                        finish = "stop"
+                        break
+                    tokens.append(token)
+                    sources.append(source)
+                    detokenizer.add_token(token)
+                    text, hit = scanner.feed(detokenizer.text)
+                    yield Token(token, text, source)
+                    if hit:
+                        finish, stopped_at = "stop_string", scanner.released
+                        break
+                    if len(tokens) >= config.max_tokens:
+                        break
+                    if cancelled is not None and cancelled():
+                        finish = "cancelled"
+                        break
+            finally:
+                raw.close()
 
         detokenizer.finalize()
         full_text = detokenizer.text

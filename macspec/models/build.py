@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.choice import DrafterChoice
 from macspec.engine.dflash import DFlashDrafter
 from macspec.engine.drafters import Drafter, ModelDrafter
@@ -24,6 +25,7 @@ from macspec.models.drafters import (
 )
 from macspec.models.home import macspec_home
 from macspec.models.loader import LoadedModels, load_models
+from macspec.models.memory import kv_cache_bytes
 
 DRAFT_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash", "auto")
 HEAD_KINDS = ("mtp", "dflash")
@@ -77,6 +79,7 @@ def build_engine(
     num_draft_tokens: str | None = None,
     no_draft: bool = False,
     draft: str | None = None,
+    cache_options: CacheOptions = DEFAULT_CACHE,
 ) -> tuple[Engine, LoadedModels]:
     """Load the models and build the engine.
 
@@ -95,13 +98,40 @@ def build_engine(
     folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
     source = choose_source(draft, folders)
     loaded = load_drafters(resolved, folders, set(folders) if source == "auto" else {source})
+    context = resolved.pair.context_length if resolved.pair is not None else None
+    text = read_config(resolved.target)
+    warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
     if no_draft:
-        return Engine(loaded.target, loaded.tokenizer), loaded
-    drafter = make_drafter(source, loaded)
+        engine = Engine(loaded.target, loaded.tokenizer, cache_options=cache_options)
+        return engine, loaded
+    drafter = make_drafter(source, loaded, cache_options)
     if isinstance(drafter, DrafterChoice):
         policy = drafter  # it chooses the draft length per candidate, too
-    engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, vocab_size=loaded.vocab_size)
+    engine = Engine(
+        loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
+    )
     return engine, loaded
+
+
+def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -> None:
+    """One line when the weights and a full KV cache exceed what the GPU may wire."""
+    from macspec.engine.wired import recommended_working_set
+    from macspec.models.loader import weight_bytes
+
+    limit = recommended_working_set()
+    if limit is None:
+        return
+    models = [loaded.target, loaded.draft, *loaded.heads.values()]
+    weights = sum(weight_bytes(m) for m in models if m is not None)
+    config = read_config(loaded.target_path)
+    kv = (kv_cache_bytes(config, context_length) or 0) if context_length else 0
+    if weights + kv > limit:
+        cache = f" and a full {context_length}-token KV cache ({kv / 1e9:.1f} GB)" if kv else ""
+        loaded.warnings.append(
+            f"weights ({weights / 1e9:.1f} GB){cache} exceed the {limit / 1e9:.1f} GB this "
+            "GPU may wire: expect paging and slow answers (a smaller pair, a shorter context "
+            "or --kv-bits 8)"
+        )
 
 
 def load_drafters(
@@ -140,7 +170,9 @@ def converted_mtp_folder(checkpoint: Path) -> Path:
     return out
 
 
-def make_drafter(draft: str, loaded: LoadedModels) -> Drafter:
+def make_drafter(
+    draft: str, loaded: LoadedModels, cache_options: CacheOptions = DEFAULT_CACHE
+) -> Drafter:
     """A fresh drafter of kind `draft` over loaded models: 'model', 'lookup', 'hybrid', 'mtp',
     'dflash', or 'auto' (every one of them that is loaded, chosen by measurement)."""
     if draft == "lookup":
@@ -155,8 +187,9 @@ def make_drafter(draft: str, loaded: LoadedModels) -> Drafter:
             for k in ("model", *HEAD_KINDS)
             if k in loaded.heads or (k == "model" and loaded.draft is not None)
         ]
-        return DrafterChoice([make_drafter(k, loaded) for k in kinds] + [LookupDrafter()])
+        candidates = [make_drafter(k, loaded, cache_options) for k in kinds]
+        return DrafterChoice([*candidates, LookupDrafter()])
     if loaded.draft is None:
         raise MacspecError(f"--draft {draft} needs a draft model (--draft-model, or a --pair)")
-    model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+    model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size, options=cache_options)
     return HybridDrafter(model) if draft == "hybrid" else model

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load as mlx_load
+from mlx_lm.utils import load_model as mlx_load_model
+from mlx_lm.utils import load_tokenizer
 
 from macspec.errors import MacspecError
+from macspec.models.tokenizers import fingerprint
 
 DRAFT_FRACTION_WARNING = 0.25
 """A draft above this share of the target's weight bytes rarely pays for itself."""
@@ -42,6 +46,23 @@ def load_model(path: Path, role: str) -> tuple[nn.Module, object]:
     except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+
+
+def load_weights(path: Path, role: str) -> nn.Module:
+    """The model alone (mlx-lm's load_model): its tokenizer is not loaded."""
+    if not (path / "config.json").is_file():
+        raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
+    try:
+        return mlx_load_model(path)[0]
+    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+
+
+def draft_tokenizer(path: Path):
+    """A draft folder's tokenizer, with its config's end-of-sequence ids (as mlx_lm.load)."""
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
 
 
 def weight_bytes(model: nn.Module) -> int:
@@ -86,17 +107,24 @@ def load_models(
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
     if draft_path is None:
         return loaded
-    draft, draft_tokenizer = load_model(draft_path, "draft model")
-    check_same_tokenizer(
-        tokenizer, draft_tokenizer, target_name or str(target_path), draft_name or str(draft_path)
-    )
+    draft = load_weights(draft_path, "draft model")
+    # Fingerprints, cached by file hash: the draft's tokenizer loads only when unknown.
+    target_print = fingerprint(target_path, lambda: tokenizer)
+    draft_print = fingerprint(draft_path, lambda: draft_tokenizer(draft_path))
+    if draft_print != target_print:  # the full comparison names the first difference
+        check_same_tokenizer(
+            tokenizer,
+            draft_tokenizer(draft_path),
+            target_name or str(target_path),
+            draft_name or str(draft_path),
+        )
     loaded.draft, loaded.draft_path = draft, draft_path
 
     sizes = [output_vocab_size(target), output_vocab_size(draft)]
     if None not in sizes and sizes[0] != sizes[1]:
         # Padded embedding tables (Qwen's 0.5B vs 7B): score only the ids both know.
         loaded.vocab_size = min(sizes)
-        if loaded.vocab_size < len(tokenizer.get_vocab()):
+        if loaded.vocab_size < target_print.size:
             raise MacspecError(
                 f"{draft_path} scores only {loaded.vocab_size} ids, fewer than the tokenizer has"
             )
