@@ -129,13 +129,14 @@ LIGHT_COMMANDS = [
     ["rm", "--help"],
     ["pull", "--help"],
     ["serve", "--help"],
+    ["tune", "--help"],
 ]
 
 
 @pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=" ".join)
 def test_light_commands_do_not_load_mlx(argv: list[str], tmp_path: Path) -> None:
-    """`macspec --help`, `models`, `history`, `rm`, `pull` and `serve --help` start without
-    MLX, mlx-lm, Textual or the server's stack."""
+    """`macspec --help`, `models`, `history`, `rm`, `pull`, `serve --help` and `tune --help`
+    start without MLX, mlx-lm, Textual or the server's stack."""
     code = (
         "import sys\n"
         "from macspec.cli import main\n"

@@ -123,6 +123,11 @@ _OPTIONAL = {"draft", "mtp", "dflash"}
 """Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
 
 
+def is_pair_name(name: str) -> bool:
+    """Whether `name` can name a pair: lowercase letters, digits, '.', '_' or '-'."""
+    return bool(_NAME.match(name))
+
+
 def parse_catalog(data: dict[str, Any], source: Path) -> dict[str, Pair]:
     """Validate one parsed `models.toml` into pairs by name; errors are one line naming `source`."""
     unknown = [key for key in data if key != "pair"]

@@ -1,0 +1,216 @@
+"""`macspec tune`: distil the draft on the target's own answers, measured before and after."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from macspec.cli import options as opt
+from macspec.cli.app import app, fail
+
+
+@app.command()
+def tune(
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", "-o", help="Folder for the tuned draft (must not exist, unless --force)."
+        ),
+    ],
+    model: opt.Model = None,
+    draft_model: Annotated[
+        str | None, typer.Option("--draft-model", help="The draft to tune (shares the tokenizer).")
+    ] = None,
+    pair: opt.PairName = None,
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            help='JSONL, one prompt a line: {"prompt": TEXT}, {"messages": [...]} or plain text.',
+        ),
+    ] = None,
+    from_history: Annotated[
+        bool, typer.Option("--from-history", help="Tune on your stored conversations.")
+    ] = False,
+    held_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--held-out",
+            help="Prompts to measure on (same format) [default: 10% of the prompts, at most "
+            "50, never trained on].",
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps",
+            help="Training steps [default: about two passes over the answers, 10 to 1,000].",
+        ),
+    ] = None,
+    lora_rank: Annotated[
+        int | None,
+        typer.Option("--lora-rank", help="LoRA rank (LoRA is the default).  [default: 8]"),
+    ] = None,
+    full: Annotated[
+        bool, typer.Option("--full", help="Full fine-tuning instead of LoRA (tiny drafts).")
+    ] = False,
+    kl: Annotated[
+        float,
+        typer.Option(
+            "--kl",
+            help="Weight of KL(target top-32 || draft) in the loss, 0..1 (0: cross-entropy on "
+            "the target's tokens only).",
+        ),
+    ] = 0.0,
+    learning_rate: Annotated[
+        float | None,
+        typer.Option("--learning-rate", help="Peak learning rate [default: 2e-4 LoRA, 5e-4 full]."),
+    ] = None,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Conversations per training step.")
+    ] = 8,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="Longest answer, to train on and to measure.")
+    ] = 256,
+    temp: Annotated[
+        float,
+        typer.Option("--temp", help="Temperature of the answers and the measurements (0: greedy)."),
+    ] = 0.0,
+    num_draft_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--num-draft-tokens",
+            "-k",
+            help="Draft length when measuring [default: the pair's fixed k, else 4].",
+        ),
+    ] = None,
+    register: Annotated[
+        str | None,
+        typer.Option(
+            "--register",
+            help="Add a pair of this name (target + tuned draft) to your models.toml, only "
+            "if the tuned draft measured better.",
+        ),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed", help="Seed of the held-out split, sampling, batch order and LoRA init."
+        ),
+    ] = 0,
+) -> None:
+    """Distil a draft on the target's own answers, and measure whether it got better.
+
+    The target answers the prompts (--prompts FILE, or your stored chats with --from-history)
+    with macspec's engine, greedy unless --temp. mlx-lm's tuner fine-tunes the draft on those
+    answers: LoRA by default (QLoRA on a quantized draft), --full for tiny drafts. The result is
+    fused, re-quantized to the draft's own bits and saved under --out as an mlx-lm model folder,
+    written aside and renamed into place only when whole: an error or Ctrl-C leaves nothing.
+    Without --pair or --model, the default pair's draft is tuned.
+
+    Acceptance and tokens per target pass are measured on held-out prompts that are never
+    trained on, before and after, at one draft length, and printed side by side with the
+    training time and peak memory (tune.json in --out keeps them). Tuning may not help: then
+    it says NOT better, --register adds no pair, and the old draft stays the default.
+
+    \b
+    Example:
+      macspec tune --pair qwen2.5-7b --prompts mine.jsonl --out ~/drafts/qwen-tuned \\
+        --register qwen2.5-7b-mine
+    """
+    if full and lora_rank is not None:
+        fail("--full and --lora-rank contradict each other; pass one")
+    # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
+    from macspec.tune.run import TuneConfig, iter_lines
+    from macspec.tune.run import tune as run_tune
+
+    config = TuneConfig(
+        out=out,
+        pair=pair,
+        model=model,
+        draft_model=draft_model,
+        prompts=prompts,
+        from_history=from_history,
+        held_out=held_out,
+        max_tokens=max_tokens,
+        temperature=temp,
+        k=num_draft_tokens,
+        steps=steps,
+        full=full,
+        lora_rank=lora_rank if lora_rank is not None else 8,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        kl_weight=kl,
+        register=register,
+        force=force,
+        seed=seed,
+    )
+    result = run_tune(config, CliReporter())
+    print()
+    for line in iter_lines(result):
+        print(line)
+    if result.identical is not None:
+        same = "yes" if result.identical else "NO (a bug: please report it)"
+        print(f"greedy outputs the same with either draft: {same}")
+    print(
+        f"training: {result.method}, {result.steps} steps, {result.train_s:.0f} s; peak memory "
+        f"{result.peak_memory_bytes / 1e6:.0f} MB (MLX), {result.max_rss_bytes / 1e6:.0f} MB "
+        "(process)"
+    )
+    print(f"saved: {out} (mlx-lm format, at the draft's own precision; tune.json has the figures)")
+    b, a = result.before, result.after
+    if result.better:
+        print(
+            f"better: {a.tokens_per_pass:.2f} tokens per target pass instead of "
+            f"{b.tokens_per_pass:.2f}"
+        )
+    else:
+        print(
+            f"NOT better: {a.tokens_per_pass:.2f} tokens per target pass against "
+            f"{b.tokens_per_pass:.2f} before; keep using the old draft (it stays the default)"
+        )
+    for note in result.notes:
+        print(note)
+    if result.registered is not None:
+        print(f"registered pair '{register}' in {result.registered}")
+        print(f"use it: macspec chat --pair {register}")
+    elif result.better and register is None:
+        print(f"use it: macspec chat --model TARGET --draft-model {out}, or tune with --register")
+
+
+class CliReporter:
+    """Notes on stdout, progress bars on stderr (rich), mlx-lm's own training display."""
+
+    def note(self, text: str) -> None:
+        print(f"macspec tune: {text}", flush=True)
+
+    @contextmanager
+    def task(self, description: str, total: int):
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        console = Console(file=sys.stderr)
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task(description, total=total)
+            yield lambda: progress.advance(task)
+        print(f"macspec tune: {description}: done ({total})", flush=True)
+
+    def train_report(self, info: dict) -> None:
+        pass  # mlx-lm's trainer prints the loss under its own progress bar

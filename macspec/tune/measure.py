@@ -1,0 +1,91 @@
+"""Acceptance and tokens per target pass of a draft on held-out prompts, at a fixed k."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import mlx.nn as nn
+
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.events import Done
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import FixedPolicy
+from macspec.engine.sampling import SamplingParams
+
+
+@dataclass
+class Measurement:
+    """Counts summed over the held-out prompts (rates derived, as in the engine's Stats)."""
+
+    k: int
+    """Draft length of every cycle."""
+    prompts: int = 0
+    """Prompts answered."""
+    proposed: int = 0
+    """Guesses sent to the target."""
+    accepted: int = 0
+    """Guesses kept."""
+    generated: int = 0
+    """Tokens generated."""
+    passes: int = 0
+    """Target passes after prefill."""
+    outputs: list[list[int]] = field(default_factory=list)
+    """Each prompt's generated ids (the same for every draft at temperature 0)."""
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.generated / self.passes if self.passes else 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "k": self.k,
+            "prompts": self.prompts,
+            "acceptance": self.acceptance,
+            "tokens_per_pass": self.tokens_per_pass,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "generated": self.generated,
+            "target_passes": self.passes,
+        }
+
+
+def measure(
+    target: nn.Module,
+    tokenizer,
+    draft: nn.Module,
+    prompts: Sequence[list[int]],
+    k: int,
+    max_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    advance: Callable[[], None] | None = None,
+) -> Measurement:
+    """Speculative decoding of every prompt with `draft` guessing k tokens a cycle (sampled
+    runs seeded seed, seed + 1, ... so two drafts see the same draws)."""
+    result = Measurement(k=k)
+    for i, prompt in enumerate(prompts):
+        # A fresh engine per prompt, as scripts/demo_figures.py: no cache carried over.
+        drafter = ModelDrafter(draft, vocab_size=vocab_size)
+        engine = Engine(target, tokenizer, drafter, FixedPolicy(k), vocab_size=vocab_size)
+        config = GenerationConfig(
+            max_tokens=max_tokens,
+            sampling=SamplingParams(temperature=temperature),
+            seed=seed + i if temperature > 0 else None,
+        )
+        done = next(e for e in engine.generate(prompt, config) if isinstance(e, Done))
+        stats = done.stats
+        result.prompts += 1
+        result.proposed += stats.draft_proposed
+        result.accepted += stats.draft_accepted
+        result.generated += stats.generated_tokens
+        result.passes += stats.target_passes
+        result.outputs.append(list(done.tokens))
+        if advance is not None:
+            advance()
+    return result

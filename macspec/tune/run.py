@@ -1,0 +1,311 @@
+"""`macspec tune` from start to end: check the inputs, answer, measure, train, save, measure.
+
+Every check the user can fail runs before anything is written; the tuned draft is written
+into a staging folder and renamed to `--out` only once it is whole and measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.tuner.callbacks import TrainingCallback
+from mlx_lm.utils import load as mlx_load
+from mlx_lm.utils import save_model
+
+from macspec.chat.store import default_database_path
+from macspec.errors import MacspecError
+from macspec.models import hub
+from macspec.models.catalog import ResolvedModels, resolve_models
+from macspec.models.drafters import drafter_kind, read_config
+from macspec.models.loader import LoadedModels, check_same_tokenizer, load_models
+from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
+from macspec.tune import save
+from macspec.tune.answers import add_target_logprobs, generate_answers
+from macspec.tune.config import QuietReporter, Reporter, TuneConfig, TuneResult
+from macspec.tune.measure import Measurement, measure
+from macspec.tune.prompts import TunePrompt, read_history, read_prompts, split_held_out
+from macspec.tune.train import TrainSettings, fine_tune, fuse, prepare, trainable_parameters
+
+DEFAULT_K = 4
+"""Draft length of the measurements when the pair's policy is not a fixed k ('auto' would
+make the figures depend on this machine's timings)."""
+
+
+class _Callback(TrainingCallback):
+    def __init__(self, reporter: Reporter):
+        self.reporter = reporter
+
+    def on_train_loss_report(self, train_info: dict) -> None:
+        self.reporter.train_report(train_info)
+
+
+@dataclass
+class _Plan:
+    """The checked inputs."""
+
+    resolved: ResolvedModels
+    train: list[TunePrompt]
+    held_out: list[TunePrompt]
+    k: int
+    notes: list[str]
+    """What the user should know, said once every check has passed."""
+
+
+def check(config: TuneConfig) -> _Plan:
+    """Every check that needs no model weights; writes nothing."""
+    notes = []
+    if config.prompts is not None and config.from_history:
+        raise MacspecError("pass --prompts FILE or --from-history, not both")
+    if config.prompts is None and not config.from_history:
+        raise MacspecError("no prompts: pass --prompts FILE (JSONL) or --from-history")
+    for name, value, least in (
+        ("--steps", config.steps, 1),
+        ("--lora-rank", config.lora_rank, 1),
+        ("--batch-size", config.batch_size, 1),
+        ("--max-tokens", config.max_tokens, 1),
+        ("--num-draft-tokens", config.k, 1),
+        ("--top-k", config.top_k, 1),
+    ):
+        if value is not None and value < least:
+            raise MacspecError(f"{name} must be >= {least}, got {value}")
+    if not 0 <= config.kl_weight <= 1:
+        raise MacspecError(f"--kl must be between 0 and 1, got {config.kl_weight}")
+    if config.temperature < 0:
+        raise MacspecError(f"--temp must be >= 0, got {config.temperature}")
+    if config.learning_rate is not None and not config.learning_rate > 0:
+        raise MacspecError(f"--learning-rate must be > 0, got {config.learning_rate}")
+
+    if config.prompts is not None:
+        prompts = read_prompts(config.prompts)
+    else:
+        database = default_database_path()
+        prompts, conversations = read_history(database)
+        if not prompts:
+            raise MacspecError(
+                f"--from-history: no stored conversations in {database} "
+                "(chat with `macspec chat` first, or pass --prompts FILE)"
+            )
+        notes.append(f"history: {conversations} conversations, {len(prompts)} prompts")
+    if config.held_out is not None:
+        held_out = read_prompts(config.held_out, "--held-out")
+        keep = {p.messages for p in held_out}
+        train = [p for p in prompts if p.messages not in keep]  # never train on held-out ones
+        if len(train) < len(prompts):
+            notes.append(f"{len(prompts) - len(train)} prompts also in --held-out: not trained on")
+        if not train:
+            raise MacspecError("no prompts left to train on: all of them are in --held-out")
+    else:
+        train, held_out = split_held_out(
+            prompts, config.held_out_fraction, config.held_out_most, config.seed
+        )
+
+    resolved = resolve_models(config.pair, config.model, config.draft_model)
+    if resolved.draft is None:
+        raise MacspecError("macspec tune needs a draft model (--draft-model, or a pair with one)")
+    if drafter_kind(resolved.draft) != "model":
+        raise MacspecError(f"{resolved.draft_name}: only draft models can be tuned (not heads)")
+    save.check_out(config.out, config.force, (resolved.target, resolved.draft))
+    save.check_disk(config.out, save.needed_bytes(resolved.draft))
+    if config.register is not None:
+        save.check_register_name(config.register)
+    policy = resolved.pair.draft_policy if resolved.pair is not None else "auto"
+    k = config.k or (policy if isinstance(policy, int) else DEFAULT_K)
+    return _Plan(resolved, train, held_out, k, notes)
+
+
+def encode(tokenizer, prompt: TunePrompt) -> list[int]:
+    """Prompt ids through the chat template (plain text for a tokenizer without one)."""
+    if has_chat_template(tokenizer):
+        return encode_messages(tokenizer, prompt.as_messages())
+    return encode_prompt(tokenizer, "\n\n".join(c for _, c in prompt.messages), raw=True)
+
+
+def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
+    """Check, answer, measure, train, save, measure again; register if asked and better."""
+    reporter = reporter or QuietReporter()
+    plan = check(config)
+    for note in plan.notes:
+        reporter.note(note)
+    resolved = plan.resolved
+    loaded = load_models(resolved.target, resolved.draft, resolved.target_name, resolved.draft_name)
+    tokenizer = loaded.tokenizer
+    train_ids = [encode(tokenizer, p) for p in plan.train]
+    held_ids = [encode(tokenizer, p) for p in plan.held_out]
+    reporter.note(
+        f"{len(train_ids)} prompts to train on, {len(held_ids)} held out "
+        f"({'--held-out' if config.held_out else 'a split never trained on'})"
+    )
+
+    with reporter.task("the target's answers", len(train_ids)) as advance:
+        examples = generate_answers(
+            loaded.target,
+            tokenizer,
+            train_ids,
+            config.max_tokens,
+            config.temperature,
+            config.seed,
+            advance=lambda _tokens: advance(),
+        )
+    if not examples:
+        raise MacspecError("the target answered none of the prompts (every answer was empty)")
+    answer_tokens = sum(e.answer_length for e in examples)
+    reporter.note(f"{len(examples)} answers, {answer_tokens:,} tokens")
+    if config.kl_weight > 0:
+        with reporter.task("the target's log-probabilities", len(examples)) as advance:
+            add_target_logprobs(loaded.target, examples, config.top_k, loaded.vocab_size, advance)
+
+    figures = dict(
+        k=plan.k, max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
+    )
+    with reporter.task(f"measuring the draft (k={plan.k})", len(held_ids)) as advance:
+        before = _measure(loaded, loaded.draft, held_ids, figures, advance)
+
+    settings = _settings(config, len(examples))
+    draft_config = read_config(resolved.draft)
+    quantized = prepare(loaded.draft, settings)
+    trainable = trainable_parameters(loaded.draft)
+    method = "full fine-tuning" if settings.full else f"LoRA rank {settings.lora_rank}"
+    reporter.note(
+        f"training: {method}, {trainable:,} trainable parameters, {settings.steps} steps "
+        f"of {min(settings.batch_size, len(examples))}, learning rate {settings.learning_rate:g}"
+        + (f", KL weight {settings.kl_weight:g}" if settings.kl_weight else "")
+    )
+    with save.staging(config.out, config.force) as folder:
+        started = time.perf_counter()
+        mx.reset_peak_memory()
+        adapters = folder.parent / "adapters.safetensors"
+        fine_tune(loaded.draft, examples, settings, adapters, _Callback(reporter))
+        train_s = time.perf_counter() - started
+        peak = mx.get_peak_memory()
+        tuned = fuse(loaded.draft, quantized)
+        save.copy_draft_files(resolved.draft, folder)
+        save_model(folder, tuned)
+        del tuned
+        # The saved folder, loaded as any mlx-lm model is, is what gets measured.
+        reloaded, reloaded_tokenizer = mlx_load(str(folder))
+        check_same_tokenizer(tokenizer, reloaded_tokenizer, resolved.target_name, str(folder))
+        with reporter.task("measuring the tuned draft", len(held_ids)) as advance:
+            after = _measure(loaded, reloaded, held_ids, figures, advance)
+        identical = before.outputs == after.outputs if config.temperature == 0 else None
+        result = TuneResult(
+            out=config.out,
+            before=before,
+            after=after,
+            train_prompts=len(train_ids),
+            held_out_prompts=len(held_ids),
+            answer_tokens=answer_tokens,
+            steps=settings.steps,
+            method=method,
+            trainable=trainable,
+            train_s=train_s,
+            peak_memory_bytes=peak,
+            max_rss_bytes=_max_rss(),
+            identical=identical,
+        )
+        _write_record(folder, config, resolved, settings, result, draft_config)
+
+    if config.register is not None:
+        if result.better:
+            entry = save.pair_entry(
+                config.register,
+                _portable(resolved.target_name),
+                config.out,
+                plan.k if resolved.pair is None else resolved.pair.draft_policy,
+                _context_length(resolved),
+                hub.size_on_disk(resolved.target) + hub.size_on_disk(config.out),
+            )
+            result.registered = save.register_pair(entry)
+        else:
+            result.notes.append(f"not registered as '{config.register}': the draft is not better")
+    return result
+
+
+def _settings(config: TuneConfig, examples: int) -> TrainSettings:
+    batch = min(config.batch_size, examples)
+    steps = config.steps or min(1000, max(10, math.ceil(2 * examples / batch)))
+    default_lr = 5e-4 if config.full else 2e-4
+    return TrainSettings(
+        steps=steps,
+        batch_size=config.batch_size,
+        learning_rate=config.learning_rate or default_lr,
+        lora_rank=None if config.full else config.lora_rank,
+        kl_weight=config.kl_weight,
+        seed=config.seed,
+    )
+
+
+def _measure(loaded: LoadedModels, draft, prompts, figures: dict, advance) -> Measurement:
+    return measure(
+        loaded.target,
+        loaded.tokenizer,
+        draft,
+        prompts,
+        figures["k"],
+        figures["max_tokens"],
+        figures["temperature"],
+        figures["seed"],
+        vocab_size=loaded.vocab_size,
+        advance=advance,
+    )
+
+
+def _portable(name: str) -> str:
+    """A target named by a relative folder, as an absolute one (models.toml is read from
+    anywhere); repo ids and package specs as they are."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
+
+
+def _context_length(resolved: ResolvedModels) -> int:
+    if resolved.pair is not None:
+        return resolved.pair.context_length
+    config = read_config(resolved.target)
+    text = config.get("text_config") or config
+    return int(text.get("max_position_embeddings") or 4096)
+
+
+def _max_rss() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # bytes on macOS, KiB on Linux
+
+
+def _write_record(folder: Path, config, resolved, settings, result: TuneResult, draft_config):
+    """tune.json beside the weights: where the draft came from and what it measured."""
+    record = {
+        "target": resolved.target_name,
+        "draft": resolved.draft_name,
+        "pair": resolved.pair.name if resolved.pair is not None else None,
+        "prompts": str(config.prompts) if config.prompts else "history",
+        "held_out": str(config.held_out) if config.held_out else "split",
+        "train_prompts": result.train_prompts,
+        "held_out_prompts": result.held_out_prompts,
+        "answer_tokens": result.answer_tokens,
+        "training": {**asdict(settings), "method": result.method, "trainable": result.trainable},
+        "quantization": draft_config.get("quantization"),
+        "train_s": round(result.train_s, 1),
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "before": result.before.to_dict(),
+        "after": result.after.to_dict(),
+        "better": result.better,
+        "identical_greedy_outputs": result.identical,
+    }
+    (folder / "tune.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def iter_lines(result: TuneResult) -> Iterator[str]:
+    """The before/after comparison, for the CLI."""
+    b, a = result.before, result.after
+    yield f"held-out prompts: {result.held_out_prompts}, k = {b.k}"
+    yield f"{'':24}{'before':>10}{'after':>10}"
+    yield f"{'acceptance':24}{b.acceptance:>10.2f}{a.acceptance:>10.2f}"
+    yield f"{'tokens per target pass':24}{b.tokens_per_pass:>10.2f}{a.tokens_per_pass:>10.2f}"
+    kept = f"{b.accepted}/{b.proposed}", f"{a.accepted}/{a.proposed}"
+    yield f"{'guesses kept':24}{kept[0]:>10}{kept[1]:>10}"

@@ -1,0 +1,215 @@
+"""Fine-tune a draft on the target's answers with mlx-lm's tuner, then fuse it back.
+
+LoRA (mlx-lm's LoRA layers, on a quantized draft as QLoRA) or full fine-tuning (a quantized
+draft dequantized first, re-quantized after). mlx-lm's `train` runs the loop and shows the
+progress; the loss is cross-entropy on the target's tokens with the prompt masked, plus, when
+`kl_weight` > 0, the KL divergence from the target's top-k distribution.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.tuner.callbacks import TrainingCallback
+from mlx_lm.tuner.trainer import TrainingArgs, default_loss, iterate_batches, train
+from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
+from mlx_lm.utils import dequantize_model
+
+from macspec.tune.answers import Example
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How to fine-tune the draft."""
+
+    steps: int = 200
+    """Optimizer steps (batches)."""
+    batch_size: int = 8
+    """Conversations per batch (fewer if there are fewer examples)."""
+    learning_rate: float = 1e-4
+    """Peak learning rate, after a short warmup, decayed by a cosine to a tenth."""
+    lora_rank: int | None = 8
+    """LoRA rank on every linear layer of every block; None: full fine-tuning."""
+    lora_scale: float = 20.0
+    """mlx-lm's LoRA scale (the update is scale * B A)."""
+    kl_weight: float = 0.0
+    """Loss = (1 - w) * cross-entropy + w * KL(target top-k || draft); 0: cross-entropy only."""
+    max_seq_length: int = 2048
+    """Longer conversations are truncated (mlx-lm warns)."""
+    seed: int = 0
+    """Seeds the batch order and the LoRA initialisation."""
+
+    @property
+    def full(self) -> bool:
+        return self.lora_rank is None
+
+
+def prepare(draft: nn.Module, settings: TrainSettings) -> dict[str, dict]:
+    """Make the draft trainable in place; return how its layers were quantized, by path."""
+    quantized = {
+        name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
+        for name, m in draft.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
+    mx.random.seed(settings.seed)
+    if settings.full:
+        dequantize_model(draft)
+        draft.unfreeze()
+    else:
+        draft.freeze()
+        config = {"rank": settings.lora_rank, "scale": settings.lora_scale, "dropout": 0.0}
+        linear_to_lora_layers(draft, len(draft.layers), config)
+    mx.eval(draft.parameters())
+    return quantized
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+
+
+def fine_tune(
+    draft: nn.Module,
+    examples: list[Example],
+    settings: TrainSettings,
+    adapter_file: Path,
+    callback: TrainingCallback | None = None,
+) -> None:
+    """Run mlx-lm's trainer over the examples (the draft prepared by `prepare`)."""
+    np.random.seed(settings.seed)  # mlx-lm's batch order
+    mx.random.seed(settings.seed)
+    batch_size = min(settings.batch_size, len(examples))
+    warmup = min(10, settings.steps // 10)
+    lr = settings.learning_rate
+    schedule = build_schedule(
+        {"name": "cosine_decay", "arguments": [lr, settings.steps, lr / 10], "warmup": warmup}
+    )
+    args = TrainingArgs(
+        batch_size=batch_size,
+        iters=settings.steps,
+        steps_per_report=max(1, settings.steps // 20),
+        steps_per_save=settings.steps + 1,  # only the final save, into the staging folder
+        max_seq_length=settings.max_seq_length,
+        adapter_file=str(adapter_file),
+    )
+    if settings.kl_weight > 0:
+        dataset = examples
+        loss, batches = distill_loss(settings.kl_weight), iterate_distill_batches
+    else:
+        dataset = [(e.tokens, e.offset) for e in examples]
+        loss, batches = answer_loss, iterate_batches
+    # On MLX's CPU backend a compiled step builds its kernels with the system's C++ compiler,
+    # minutes for a short run, and runs no faster after; Metal compiles in milliseconds.
+    cpu_only = not mx.metal.is_available()
+    if cpu_only:
+        mx.disable_compile()
+    try:
+        train(
+            draft,
+            optim.Adam(learning_rate=schedule),
+            dataset,
+            args=args,
+            loss=loss,
+            iterate_batches=batches,
+            training_callback=callback,
+        )
+    finally:
+        if cpu_only and not os.environ.get("MLX_DISABLE_COMPILE"):
+            mx.enable_compile()
+
+
+def answer_loss(model, batch, lengths):
+    """Cross-entropy on the answer's tokens: mlx-lm's default_loss, given each row's length
+    less one, because its mask reaches one position past the row's end and would train the
+    draft to predict the padding id after every answer (ml-explore/mlx-lm PR #1697)."""
+    return default_loss(model, batch, lengths - mx.array([0, 1]))
+
+
+def answer_mask(targets: mx.array, lengths: mx.array) -> mx.array:
+    """Which predictions count: of tokens[offset:length] (targets[t - 1] is tokens[t])."""
+    steps = mx.arange(1, targets.shape[1] + 1)
+    return mx.logical_and(steps >= lengths[:, 0:1], steps < lengths[:, 1:])
+
+
+def distill_loss(weight: float):
+    """(1 - weight) * cross-entropy on the target's tokens + weight * KL(target || draft) over
+    the target's top-k ids (the draft's log-probabilities over its whole vocabulary)."""
+
+    def loss(model, batch, lengths, top_ids, top_logprobs):
+        logits = model(batch[:, :-1]).astype(mx.float32)
+        targets = batch[:, 1:]
+        mask = answer_mask(targets, lengths)
+        ntoks = mask.sum()
+        ce = (nn.losses.cross_entropy(logits, targets) * mask).sum() / ntoks
+        draft_logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        q = mx.take_along_axis(draft_logprobs, top_ids, axis=-1)
+        kl = (mx.exp(top_logprobs) * (top_logprobs - q)).sum(axis=-1)
+        kl = (kl * mask).sum() / ntoks
+        return (1 - weight) * ce + weight * kl, ntoks
+
+    return loss
+
+
+def iterate_distill_batches(dataset, batch_size, max_seq_length, loop=False, seed=None, **_):
+    """mlx-lm's iterate_batches for examples that carry the target's top-k: batches of similar
+    lengths in a random order, padded; the top-k rows aligned with the predicted positions."""
+    order = sorted(range(len(dataset)), key=lambda i: len(dataset[i].tokens))
+    groups = [order[i : i + batch_size] for i in range(0, len(order) - batch_size + 1, batch_size)]
+    if seed is not None:
+        np.random.seed(seed)
+    top_k = dataset[0].top_ids.shape[-1]
+    while True:
+        for g in np.random.permutation(len(groups)):
+            chosen = [dataset[j] for j in groups[g]]
+            width = min(max_seq_length, 1 + 32 * ((max(len(e.tokens) for e in chosen) + 31) // 32))
+            tokens = np.zeros((len(chosen), width), np.int32)
+            top_ids = np.zeros((len(chosen), width - 1, top_k), np.int32)
+            top_logprobs = np.full((len(chosen), width - 1, top_k), -1e9, np.float32)
+            lengths = []
+            for row, e in enumerate(chosen):
+                n = min(len(e.tokens), width)
+                tokens[row, :n] = e.tokens[:n]
+                # Prediction t (of tokens[t + 1]) uses the target's row t - (offset - 1).
+                answer = max(0, min(e.answer_length, n - e.offset))
+                span = slice(e.offset - 1, e.offset - 1 + answer)
+                top_ids[row, span] = np.array(e.top_ids[:answer])
+                top_logprobs[row, span] = np.array(e.top_logprobs[:answer])
+                lengths.append((e.offset, n))
+            yield (
+                mx.array(tokens),
+                mx.array(lengths),
+                mx.array(top_ids),
+                mx.array(top_logprobs),
+            )
+        if not loop:
+            break
+
+
+def fuse(draft: nn.Module, quantized: dict[str, dict]) -> nn.Module:
+    """The trained draft as a plain model again: LoRA adapters fused into their layers, and
+    the layers that were quantized quantized again with their own group size, bits and mode."""
+    fused = [(name, m.fuse()) for name, m in draft.named_modules() if hasattr(m, "fuse")]
+    if fused:
+        draft.update_modules(tree_unflatten(fused))  # LoRA on a quantized layer: re-quantized
+    for params in {tuple(sorted(p.items())) for p in quantized.values()}:
+        settings = dict(params)
+        nn.quantize(
+            draft,
+            group_size=settings["group_size"],
+            bits=settings["bits"],
+            mode=settings["mode"],
+            class_predicate=lambda path, m, p=params: (
+                path in quantized
+                and tuple(sorted(quantized[path].items())) == p
+                and isinstance(m, (nn.Linear, nn.Embedding))
+            ),
+        )
+    draft.eval()
+    mx.eval(draft.parameters())
+    return draft

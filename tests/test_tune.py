@@ -1,0 +1,262 @@
+"""`macspec tune` end to end on tiny saved models: a real (seconds-long) training run that raises
+acceptance on held-out prompts, a saved draft that mlx-lm loads and that stays lossless, Ctrl-C
+mid-training, and every bad input (one line, exit 2, nothing written)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import json
+import random
+import shutil
+from pathlib import Path
+
+import mlx.nn as nn
+import pytest
+import tiny
+from losslesskit import done_of, reference
+from mlx_lm.utils import load as mlx_load
+
+from macspec.cli import main
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import FixedPolicy
+from macspec.models.templates import encode_messages
+
+MAX_TOKENS = 16
+WORDS = "the cat dog ran sat on a mat and big red blue fox hat code def print for in if x y".split()
+
+
+def word_prompts(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(count)]
+
+
+def write_jsonl(path: Path, prompts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tune-models")
+    # A target whose next token depends mostly on the current one (its blocks' outputs scaled
+    # down): what it says after a prompt can be learnt from its answers to other prompts.
+    target = tiny.near_bigram(tiny.random_model(0, scale=3.0), mix=0.02)
+    # The weak draft: one small layer of unrelated random weights (it accepts almost nothing).
+    weak = tiny.random_model(7, tiny.model_args(hidden=32, layers=1, intermediate=64))
+    quantization = {"group_size": 32, "bits": 4}
+    return {
+        "target": tiny.save_model(target, root / "target"),
+        "weak": tiny.save_model(weak, root / "weak"),
+        "quantized": tiny.save_model(
+            tiny.quantized(weak, bits=4, group_size=32), root / "quantized", quantization
+        ),
+        "shifted": tiny.save_model(weak, root / "shifted", tokenizer_shift=7),
+        "train": write_jsonl(root / "train.jsonl", word_prompts(24, seed=0)),
+        "held_out": write_jsonl(root / "held_out.jsonl", word_prompts(8, seed=1)),
+        # For the runs that check saving and stopping, not what tuning achieves: quicker.
+        "few": write_jsonl(root / "few.jsonl", word_prompts(4, seed=2)),
+        "few_held_out": write_jsonl(root / "few_held_out.jsonl", word_prompts(2, seed=3)),
+    }
+
+
+def run_cli(*args) -> tuple[int, str, str]:
+    """`macspec ...` in this process, its stdout and stderr captured (usable at module scope)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def tune_args(models: dict[str, Path], out: Path, draft: str, *extra, few: bool = False) -> list:
+    return [
+        "tune",
+        "--model",
+        models["target"],
+        "--draft-model",
+        models[draft],
+        "--prompts",
+        models["few" if few else "train"],
+        "--held-out",
+        models["few_held_out" if few else "held_out"],
+        "--out",
+        out,
+        "--max-tokens",
+        MAX_TOKENS,
+        "-k",
+        4,
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def tuned(models, tmp_path_factory):
+    """One full fine-tuning run of the weak draft, through the CLI."""
+    out = tmp_path_factory.mktemp("tuned") / "draft"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MACSPEC_HOME", str(out.parent / "home"))
+        args = tune_args(models, out, "weak", "--full", "--steps", 60, "--learning-rate", 3e-3)
+        code, stdout, stderr = run_cli(*args)
+    assert code == 0, stderr
+    return out, stdout, json.loads((out / "tune.json").read_text())
+
+
+def held_out_ids(models, tokenizer, few: bool) -> list[list[int]]:
+    lines = models["few_held_out" if few else "held_out"].read_text(encoding="utf-8").splitlines()
+    messages = [[{"role": "user", "content": json.loads(line)["prompt"]}] for line in lines]
+    return [encode_messages(tokenizer, m) for m in messages]
+
+
+def assert_lossless(models, draft_folder: Path, few: bool = False) -> None:
+    """Speculative decoding with the saved draft gives mlx-lm's own target-only greedy output."""
+    target, tokenizer = mlx_load(str(models["target"]))
+    draft, _ = mlx_load(str(draft_folder))
+    for prompt in held_out_ids(models, tokenizer, few):
+        engine = Engine(target, tokenizer, ModelDrafter(draft), FixedPolicy(4))
+        config = GenerationConfig(max_tokens=MAX_TOKENS)
+        done = done_of(engine.generate(prompt, config))
+        assert done.tokens == reference(target, prompt, MAX_TOKENS)
+
+
+def test_tuning_raises_acceptance_on_held_out_prompts(models, tuned):
+    out, stdout, record = tuned
+    before, after = record["before"], record["after"]
+    assert record["held_out_prompts"] == 8 and record["train_prompts"] == 24
+    assert before["k"] == after["k"] == 4
+    assert before["acceptance"] < 0.1  # the weak draft really is weak
+    assert after["acceptance"] > before["acceptance"] + 0.3
+    assert after["tokens_per_pass"] > before["tokens_per_pass"] + 1.0
+    assert record["better"] and record["identical_greedy_outputs"]
+    # The figures the user reads are those of the record.
+    assert f"{'acceptance':24}{before['acceptance']:>10.2f}{after['acceptance']:>10.2f}" in stdout
+    assert "better: " in stdout and "NOT better" not in stdout
+    assert f"saved: {out}" in stdout
+
+
+def test_saved_draft_loads_with_mlx_lm_and_stays_lossless(models, tuned):
+    out, _, _ = tuned
+    assert {p.parts[0] for p in files_under(out.parent)} == {"draft"}  # no staging left
+    draft, tokenizer = mlx_load(str(out))
+    assert tokenizer.get_vocab() == mlx_load(str(models["weak"]))[1].get_vocab()
+    assert not any(isinstance(m, nn.QuantizedLinear) for _, m in draft.named_modules())
+    assert_lossless(models, out)
+
+
+def test_lora_on_a_quantized_draft_saves_it_quantized_as_it_was(models, tmp_path, monkeypatch):
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    out = tmp_path / "lora"
+    code, stdout, stderr = run_cli(*tune_args(models, out, "quantized", "--steps", 4, few=True))
+    assert code == 0, stderr
+    assert "LoRA rank 8" in stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 32, "bits": 4}
+    draft, _ = mlx_load(str(out))
+    layers = (nn.Linear, nn.Embedding, nn.QuantizedLinear, nn.QuantizedEmbedding)
+    linears = [m for _, m in draft.named_modules() if isinstance(m, layers)]
+    assert linears and all(
+        isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for m in linears
+    )
+    assert all(m.bits == 4 and m.group_size == 32 for m in linears)
+    assert_lossless(models, out, few=True)
+
+
+def files_under(folder: Path) -> set[Path]:
+    """Every path under `folder` but the macspec home's tokenizer fingerprints (a cache that
+    loading any pair fills, `macspec run` as well: not something tune writes)."""
+    paths = {p.relative_to(folder) for p in folder.rglob("*")}
+    return {p for p in paths if p.parts[:2] not in {("home",), ("home", "tokenizers")}}
+
+
+def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch):
+    from macspec.cli.tune import CliReporter
+
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    reports = []
+
+    def interrupt(self, info: dict) -> None:
+        reports.append(info)
+        raise KeyboardInterrupt  # as Ctrl-C would, in the middle of mlx-lm's training loop
+
+    monkeypatch.setattr(CliReporter, "train_report", interrupt)
+    work = tmp_path / "work"
+    work.mkdir()
+    before = files_under(tmp_path)
+    code, _, stderr = run_cli(
+        *tune_args(models, work / "new" / "draft", "weak", "--steps", 20, few=True)
+    )
+    assert code == 130, stderr
+    assert len(reports) == 1 and reports[0]["iteration"] < 20
+    assert files_under(tmp_path) == before  # not --out, not its parent, no staging folder
+
+
+Usage = collections.namedtuple("Usage", "total used free")
+
+BAD_INPUTS = {
+    "no prompts": (["--model", "{target}", "--draft-model", "{weak}"], "no prompts"),
+    "empty file": (
+        ["--prompts", "{empty}", "--model", "{target}", "--draft-model", "{weak}"],
+        "empty",
+    ),
+    "malformed line": (
+        ["--prompts", "{malformed}", "--model", "{target}", "--draft-model", "{weak}"],
+        "malformed.jsonl:3",
+    ),
+    "another tokenizer": (
+        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{shifted}"],
+        "tokenizers differ",
+    ),
+    "out exists": (
+        [
+            "--prompts",
+            "{train}",
+            "--model",
+            "{target}",
+            "--draft-model",
+            "{weak}",
+            "--out",
+            "{existing}",
+        ],
+        "already exists",
+    ),
+    "too little disk": (
+        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"],
+        "not enough disk space",
+    ),
+    "no history": (
+        ["--from-history", "--model", "{target}", "--draft-model", "{weak}"],
+        "no stored conversations",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(
+    models, hf_cache, tmp_path, monkeypatch, case
+):
+    args, needle = BAD_INPUTS[case]
+    (tmp_path / "empty.jsonl").write_text("\n  \n", encoding="utf-8")
+    lines = ['{"prompt": "fine"}', "plain text is fine too", '{"prompt": "cut short']
+    (tmp_path / "malformed.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "existing").mkdir()
+    (tmp_path / "existing" / "keep.txt").write_text("mine")
+    if case == "too little disk":
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1000, 1000))
+    names = {k: str(v) for k, v in models.items()} | {
+        "empty": str(tmp_path / "empty.jsonl"),
+        "malformed": str(tmp_path / "malformed.jsonl"),
+        "existing": str(tmp_path / "existing"),
+    }
+    args = [a.format(**names) for a in args]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "out")]
+    before = files_under(tmp_path)
+    code, out, err = run_cli("tune", *args)
+    assert code == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("macspec: error:"), err
+    assert needle in lines[0]
+    assert files_under(tmp_path) == before
+    assert (tmp_path / "existing" / "keep.txt").read_text() == "mine"
