@@ -16,6 +16,40 @@ import pytest
 
 FAKE_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
+UNSET_FOR_TESTS = (
+    "HF_HUB_OFFLINE",  # pull tests talk to a fake hub on localhost
+    "TRANSFORMERS_OFFLINE",
+    "HF_ENDPOINT",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "XDG_DATA_HOME",
+    "COLUMNS",  # rich tables size themselves by it
+    "LINES",
+    "NO_COLOR",
+    "FORCE_COLOR",
+)
+"""Environment variables that change what the code under test does: no test sees the user's."""
+
+# huggingface_hub reads some of them once, at import: unset them before anything imports it.
+for _variable in UNSET_FOR_TESTS:
+    os.environ.pop(_variable, None)
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs with its own macspec home and HF cache under tmp, and none of the
+    user's settings: the suite passes (and touches nothing real) whatever the shell sets."""
+    for variable in UNSET_FOR_TESTS:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - it is a dependency
+        return
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
 
 @pytest.fixture
 def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
