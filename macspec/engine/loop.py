@@ -40,6 +40,9 @@ class GenerationConfig:
     """Text that ends the answer when it appears (it is not shown)."""
     seed: int | None = None
     """Seed for sampled runs; None draws a fresh one."""
+    context_length: int | None = None
+    """Tokens the model can attend to, prompt included; the answer stops there (finish
+    reason 'context') and a prompt that fills it is refused. None: no limit."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -252,12 +255,27 @@ class Engine:
     ) -> Iterator[Event]:
         """Yield Token and Cycle events, then one Done.
 
+        The prompt must leave room in `config.context_length`; the answer ends at it.
+
         `cancelled` is polled after every token; when it returns True the generation ends
         with finish_reason 'cancelled' (closing the generator works too, without a Done).
         """
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise MacspecError("the prompt is empty")
+        # The context window bounds the answer as max_tokens does, with its own reason.
+        context_room = None
+        if config.context_length is not None:
+            context_room = config.context_length - len(prompt)
+            if context_room < 1:
+                raise MacspecError(
+                    f"the prompt is {len(prompt)} tokens and the model's context holds "
+                    f"{config.context_length}; shorten it"
+                )
+            if context_room < config.max_tokens:
+                config = replace(config, max_tokens=context_room)
+            else:
+                context_room = None  # max_tokens comes first
         stats = Stats(prompt_tokens=len(prompt))
         keys = None if config.sampling.greedy else KeyStream(config.seed)
         detokenizer = self.tokenizer.detokenizer
@@ -292,6 +310,7 @@ class Engine:
                     finish, stopped_at = "stop_string", scanner.released
                     break
                 if len(tokens) >= config.max_tokens:
+                    finish = "length" if context_room is None else "context"
                     break
                 if cancelled is not None and cancelled():
                     finish = "cancelled"
