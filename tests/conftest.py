@@ -65,6 +65,16 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
+def disk(tmp_path: Path):
+    """A small disk for a chat database that the test fills and frees (see faultkit.Disk)."""
+    from faultkit import Disk
+
+    small = Disk(tmp_path / "disk")
+    yield small
+    small.close()
+
+
+@pytest.fixture
 def network_calls(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Records (and refuses) every attempt to open a network connection."""
     calls: list[object] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from macspec.chat.store import Conversation, ConversationSummary, Store
+from macspec.chat.store import Conversation, ConversationSummary, Store, default_database_path
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.models.catalog import resolve_models
@@ -158,9 +159,24 @@ def _conversation_json(conversation: Conversation) -> dict[str, Any]:
 
 
 @history_app.callback()
-def history(ctx: typer.Context, as_json: AsJson = False) -> None:
+def history(
+    ctx: typer.Context,
+    as_json: AsJson = False,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="Write every conversation that can still be read to FILE as JSON ('-': "
+            "stdout); works on a damaged database too, and writes nothing to it.",
+            metavar="FILE",
+        ),
+    ] = None,
+) -> None:
     """List stored conversations, latest first (ids for `macspec chat --resume ID`)."""
     if ctx.invoked_subcommand is not None:
+        return
+    if export is not None:
+        export_history(export)
         return
     conversations = Store().list_conversations()
     if as_json:
@@ -187,6 +203,31 @@ def history(ctx: typer.Context, as_json: AsJson = False) -> None:
             Text(c.title, **cut),
         )
     Console().print(table)
+
+
+def export_history(target: Path) -> None:
+    """`history --export FILE`: what can be read, as `history show --json` records."""
+    from macspec.chat.export import export_readable
+
+    database = default_database_path()
+    if not database.is_file():
+        fail(f"{database}: no chat database to export")
+    result = export_readable(database)
+    text = json.dumps(result.conversations, indent=2) + "\n"
+    if str(target) == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            target.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            fail(f"{target}: cannot write the export: {exc.strerror or exc}")
+    where = "stdout" if str(target) == "-" else str(target)
+    lost = f"; {result.unreadable} rows could not be read" if result.unreadable else ""
+    print(
+        f"macspec: exported {len(result.conversations)} conversations "
+        f"({result.message_count} messages) from {database} to {where}{lost}",
+        file=sys.stderr,
+    )
 
 
 @history_app.command("show")

@@ -209,6 +209,19 @@ def resolve_models(
     return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen)
 
 
+def context_length(resolved: ResolvedModels) -> int | None:
+    """The context window of resolved models: the pair's `context_length`, else
+    `max_position_embeddings` from the target's config.json; None when neither says."""
+    if resolved.pair is not None:
+        return resolved.pair.context_length
+    try:
+        config = json.loads((resolved.target / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _pair_model_path(pair: Pair, name: str) -> Path:
     """A pair member's folder; when missing, the error names `macspec pull PAIR`."""
     try:
