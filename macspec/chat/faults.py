@@ -17,9 +17,11 @@ from macspec.errors import MacspecError
 class StorageError(MacspecError):
     """The chat database could not be read or written; the message names the file and why."""
 
-    def __init__(self, path: Path, problem: str):
+    def __init__(self, path: Path, problem: str, read_only: bool = False):
         super().__init__(f"{path}: {problem}")
         self.path, self.problem = path, problem
+        self.read_only = read_only
+        """SQLite refused to write a file it opened read-only."""
 
 
 class DamagedDatabase(StorageError):
@@ -86,7 +88,7 @@ def describe(exc: sqlite3.Error | OSError, path: Path, busy_timeout_s: float) ->
         why = folder_problem(path.parent) if code == "SQLITE_READONLY_DIRECTORY" else None
         if why is not None:
             return StorageError(path, f"its folder {path.parent} is not writable ({why})")
-        return StorageError(path, "the chat database is read-only")
+        return StorageError(path, "the chat database is read-only", read_only=True)
     if code.startswith("SQLITE_CANTOPEN") or "unable to open" in text:
         why = folder_problem(path.parent)
         if why is not None:
@@ -95,3 +97,26 @@ def describe(exc: sqlite3.Error | OSError, path: Path, busy_timeout_s: float) ->
     if code.startswith("SQLITE_IOERR") or "disk I/O error" in text:
         return StorageError(path, f"a disk I/O error ({text})")
     return StorageError(path, f"the chat database failed: {text}")
+
+
+def prepare_home(database: Path) -> None:
+    """Create the folder the database lives in; a file in its way, a parent that cannot be
+    written or a read-only home is one line naming the path and the problem."""
+    home = database.parent
+    if home.exists() and not home.is_dir():
+        raise MacspecError(
+            f"{home}: the macspec home is a file, not a folder; move it aside, or set "
+            "MACSPEC_HOME to another folder"
+        )
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise MacspecError(
+            f"{home}: cannot create the macspec home ({exc.strerror or exc}); set MACSPEC_HOME "
+            "to a folder you can write"
+        ) from None
+    if not database.exists() and (why := folder_problem(home)) is not None:
+        raise MacspecError(
+            f"{home}: cannot create {database.name} in the macspec home ({why}); make it "
+            "writable, or set MACSPEC_HOME to another folder"
+        )

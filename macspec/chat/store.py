@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from macspec import __version__
-from macspec.chat.faults import DamagedDatabase, NewerSchema, describe, folder_problem
+from macspec.chat.faults import DamagedDatabase, NewerSchema, describe, prepare_home
 from macspec.chat.records import (
     NO_MODELS,
     Conversation,
@@ -79,32 +79,45 @@ class Store:
         self.path = Path(path) if path is not None else default_database_path()
         self.busy_timeout_s = busy_timeout_s
         self._lock = threading.Lock()
-        _prepare_folder(self.path.parent)
-        if not self.path.exists() and (why := folder_problem(self.path.parent)) is not None:
-            raise MacspecError(
-                f"{self.path.parent}: cannot create {self.path.name} in the macspec home "
-                f"({why}); make it writable, or set MACSPEC_HOME to another folder"
-            )
+        prepare_home(self.path)
+        self._reopen = False
+        """A write failed on a read-only file: reconnect before the next (it may be fixed)."""
+        self._db = self._connect()
         try:
-            self._db = sqlite3.connect(
-                str(self.path),
-                check_same_thread=False,
-                timeout=busy_timeout_s,
-                isolation_level=None,
-            )
-        except sqlite3.Error as exc:
-            raise describe(exc, self.path, busy_timeout_s) from None
-        try:
-            with self._guard():
-                self._db.row_factory = sqlite3.Row
-                self._db.execute("PRAGMA foreign_keys = ON")
-                self._wal()
             self.migrate()
         except BaseException:
             self._db.close()
             raise
 
-    def _wal(self) -> None:
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            db = sqlite3.connect(
+                str(self.path),
+                check_same_thread=False,
+                timeout=self.busy_timeout_s,
+                isolation_level=None,
+            )
+        except sqlite3.Error as exc:
+            raise describe(exc, self.path, self.busy_timeout_s) from None
+        try:
+            with self._guard():
+                db.row_factory = sqlite3.Row
+                db.execute("PRAGMA foreign_keys = ON")
+                self._wal(db)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _writable(self) -> None:
+        """Before a write (the lock held): a connection SQLite opened read-only stays so even
+        once the file can be written again, so after a read-only failure, open a new one."""
+        if self._reopen:
+            fresh = self._connect()
+            self._db.close()
+            self._db, self._reopen = fresh, False
+
+    def _wal(self, db: sqlite3.Connection) -> None:
         """WAL journal (readers never wait for the writer); a read-only file keeps its own.
 
         Switching a new file to WAL needs it to itself, and SQLite answers "locked" at once
@@ -113,8 +126,8 @@ class Store:
         deadline = time.monotonic() + self.busy_timeout_s
         while True:
             try:
-                if self._db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                    self._db.execute("PRAGMA journal_mode = WAL").fetchone()
+                if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    db.execute("PRAGMA journal_mode = WAL").fetchone()
                 return
             except sqlite3.OperationalError as exc:
                 if str(exc).startswith("attempt to write a readonly"):
@@ -193,7 +206,9 @@ class Store:
         try:
             yield
         except sqlite3.Error as exc:
-            raise describe(exc, self.path, self.busy_timeout_s) from None
+            fault = describe(exc, self.path, self.busy_timeout_s)
+            self._reopen = self._reopen or fault.read_only
+            raise fault from None
         except IndexError:  # sqlite3.Row: a column renamed or dropped outside macspec
             raise DamagedDatabase(self.path, self._missing_columns()) from None
         except json.JSONDecodeError as exc:
@@ -232,6 +247,7 @@ class Store:
 
     def _write(self, sql: str, params: tuple = ()) -> int:
         with self._lock, self._guard():  # autocommit: one statement is its own transaction
+            self._writable()
             return self._db.execute(sql, params).lastrowid or 0
 
     # -- writes --------------------------------------------------------------------------
@@ -268,31 +284,33 @@ class Store:
         `title` and `models`), append the `new` messages and rewrite the `changed` ones.
         All or nothing; returns (conversation id, ids of the new messages)."""
         now = time.time()
-        with self._lock, self._guard(), self._transaction():
-            if conversation_id is None:
-                conversation_id = self._db.execute(
-                    "INSERT INTO conversations (title, created_at, updated_at, pair, target, "
-                    "draft) VALUES (?, ?, ?, ?, ?, ?)",
-                    (title, now, now, models.pair, models.target, models.draft),
-                ).lastrowid
-            ids = []
-            for row in new:
-                ids.append(
-                    self._db.execute(
-                        "INSERT INTO messages (conversation_id, role, content, complete, "
-                        "token_count, finish_reason, stats_json, reasoning, sources_json, pair, "
-                        "target, draft, created_at, updated_at) "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                        (conversation_id, row.role, *answer_fields(row), row.models.pair)
-                        + (row.models.target, row.models.draft, now, now),
+        with self._lock, self._guard():
+            self._writable()
+            with self._transaction():
+                if conversation_id is None:
+                    conversation_id = self._db.execute(
+                        "INSERT INTO conversations (title, created_at, updated_at, pair, "
+                        "target, draft) VALUES (?, ?, ?, ?, ?, ?)",
+                        (title, now, now, models.pair, models.target, models.draft),
                     ).lastrowid
+                ids = [self._insert(conversation_id, row, now) for row in new]
+                for message_id, row in changed:
+                    self._update(message_id, row, now)
+                self._db.execute(
+                    "UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id)
                 )
-            for message_id, row in changed:
-                self._update(message_id, row, now)
+        return int(conversation_id), ids
+
+    def _insert(self, conversation_id: int, row: MessageRow, now: float) -> int:
+        return int(
             self._db.execute(
-                "UPDATE conversations SET updated_at = ? WHERE id = ?", (now, conversation_id)
-            )
-        return int(conversation_id), [int(i) for i in ids]
+                "INSERT INTO messages (conversation_id, role, content, complete, token_count, "
+                "finish_reason, stats_json, reasoning, sources_json, pair, target, draft, "
+                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (conversation_id, row.role, *answer_fields(row), row.models.pair)
+                + (row.models.target, row.models.draft, now, now),
+            ).lastrowid
+        )
 
     def update_answer(
         self,
@@ -317,6 +335,7 @@ class Store:
             sources=sources,
         )
         with self._lock, self._guard():  # autocommit: one statement is its own transaction
+            self._writable()
             self._update(message_id, row, time.time())
 
     def _update(self, message_id: int, row: MessageRow, now: float) -> None:
@@ -369,20 +388,3 @@ class Store:
 
 SQLITE_MAX_INTEGER = 2**63 - 1
 """The largest id SQLite can store."""
-
-
-def _prepare_folder(home: Path) -> None:
-    """Create the folder the database lives in; a file in its way or a read-only parent is
-    one line naming the path and the problem."""
-    if home.exists() and not home.is_dir():
-        raise MacspecError(
-            f"{home}: the macspec home is a file, not a folder; move it aside, or set "
-            "MACSPEC_HOME to another folder"
-        )
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise MacspecError(
-            f"{home}: cannot create the macspec home ({exc.strerror or exc}); set MACSPEC_HOME "
-            "to a folder you can write"
-        ) from None
