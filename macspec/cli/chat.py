@@ -15,7 +15,7 @@ from rich.text import Text
 
 from macspec.chat.store import Conversation, ConversationSummary, Store, default_database_path
 from macspec.cli import options as opt
-from macspec.cli.app import app, fail
+from macspec.cli.app import EXIT_USER_ERROR, app, fail
 from macspec.models.catalog import resolve_models
 
 
@@ -44,7 +44,7 @@ def chat(
     continue_last: Annotated[
         bool, typer.Option("--continue", "-c", help="Continue the latest conversation.")
     ] = False,
-) -> None:
+) -> int:
     """Chat in the terminal; accepted draft guesses are shown in their own colour.
 
     With no model named, the default pair (the shipped demo pair until you choose another
@@ -83,7 +83,7 @@ def chat(
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
     loaded = open_models(resolved, num_draft_tokens, no_draft, draft)
 
-    from tui.app import default_pair_loader, make_app  # textual only when the UI runs
+    from tui.factory import default_pair_loader, make_app  # textual only when the UI runs
 
     chat_app = make_app(
         loaded.engine,
@@ -97,14 +97,50 @@ def chat(
         warnings=[*loaded.warnings, *notes],
         system_prompt=system,
         template_args=args,
+        exit_on_signals=True,
     )
     chat_app.run()
-    if chat_app.session.conversation_id is not None:
-        print(
+    saved = report_unsaved(chat_app.session)
+    if saved and chat_app.session.conversation_id is not None:
+        say(
             f"macspec: conversation {chat_app.session.conversation_id} saved "
-            f"(macspec chat --resume {chat_app.session.conversation_id})",
-            file=sys.stderr,
+            f"(macspec chat --resume {chat_app.session.conversation_id})"
         )
+    if chat_app.exit_signal is not None:
+        return 128 + chat_app.exit_signal
+    return 0 if saved else EXIT_USER_ERROR
+
+
+def say(line: str) -> None:
+    """A line on stderr; after a hangup there may be no terminal left to write to."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def report_unsaved(session) -> bool:
+    """At the end of a chat: save what storage refused before; what still cannot be saved
+    goes to a file in a temp folder, and stderr says exactly what it holds. True when
+    everything is saved."""
+    from macspec.chat.journal import describe_unsaved, rescue, rescue_record
+
+    if session.save_pending() is None:
+        return True
+    unsaved = session.journal.unsaved
+    problem = str(session.journal.problem)
+    say(f"macspec: error: {problem}")
+    say(f"macspec: {len(unsaved)} messages could not be saved:")
+    for line in describe_unsaved(unsaved):
+        say(f"  {line}")
+    try:
+        path = rescue(unsaved, session.store.path, problem)
+    except OSError as exc:  # the temp folder is full or read-only too: print them
+        say(f"macspec: cannot write them to a temp folder either ({exc}); here they are:")
+        say(json.dumps(rescue_record(unsaved, session.store.path, problem), indent=2))
+        return False
+    say(f"macspec: they are in {path}")
+    return False
 
 
 # ---- macspec history ----------------------------------------------------------------------
