@@ -164,3 +164,13 @@ def test_what_was_never_saved_is_written_to_a_temp_file(tok, tmp_path):
     ]
     lines = describe_unsaved(chat.journal.unsaved)
     assert lines[0] == 'a new conversation "keep me": your message "keep me": all of it'
+
+
+def test_an_answer_stops_at_the_context_window_with_its_own_reason(tok, tmp_path):
+    store = Store(tmp_path / "chats.db")
+    chat = session_for(tok, store, max_tokens=10_000, context_length=60)
+    done = done_of(chat.send("hi"))
+    assert done.finish_reason == "context"
+    assert len(chat.last_prompt) + len(done.tokens) == 60
+    (_, reply) = store.get(chat.conversation_id).messages
+    assert (reply.finish_reason, reply.complete) == ("context", True)

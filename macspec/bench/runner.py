@@ -68,6 +68,9 @@ class BenchSettings:
     draft_source: str = "model"
     """Where macspec's guesses come from ('model', 'lookup', 'hybrid'); mlx-lm's are always
     its draft model's. The cost curve times both a draft step and a lookup."""
+    context_length: int | None = None
+    """The target's context window: every tool stops there (macspec says 'context'), so
+    their outputs stay comparable. None: no limit."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 2:
@@ -146,6 +149,9 @@ class Runner:
         max_tokens: int | None = None,
     ) -> RunRecord:
         max_tokens = max_tokens or self.settings.max_tokens
+        context = self.settings.context_length
+        if context is not None and config.tool != MACSPEC:  # mlx-lm would run past it
+            max_tokens = min(max_tokens, context - len(prompt_ids))
         seed = run_seed(self.settings, prompt, repeat)
         mx.clear_cache()
         mx.reset_peak_memory()
@@ -160,7 +166,12 @@ class Runner:
     ) -> RunRecord:
         loaded = self.loaded
         sampling = SamplingParams(temperature=config.temperature, top_p=self.settings.top_p)
-        generation = GenerationConfig(max_tokens=max_tokens, sampling=sampling, seed=seed)
+        generation = GenerationConfig(
+            max_tokens=max_tokens,
+            sampling=sampling,
+            seed=seed,
+            context_length=self.settings.context_length,
+        )
         arrivals: list[float] = []
         passes = proposed = accepted = rejections = first_pass = fed = refed = 0
         done = None

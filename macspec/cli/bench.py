@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +18,7 @@ from macspec.bench.figures import ConfigSummary, LosslessSummary, Spread
 from macspec.bench.report import HOW_COUNTED, Report, plot, report, require_matplotlib, to_json
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.models.catalog import resolve_models
+from macspec.models.catalog import context_length, resolve_models
 
 NEAR_TIE = 0.05
 """A top-1/top-2 logit gap below this is called a near tie: rounding can flip such an argmax."""
@@ -264,7 +265,9 @@ def bench(
     ] = 0.7,
     top_p: opt.TopP = 1.0,
     draft: opt.DraftSource = "model",
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled runs.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, max=opt.MAX_SEED, help="Seed of the sampled runs.")
+    ] = 0,
     repeats: Annotated[int, typer.Option("--repeats", help="Passes over the prompt set.")] = 1,
     k: Annotated[
         str | None,
@@ -339,6 +342,14 @@ def bench(
     for warning in loaded.warnings:
         err.print(f"macspec: warning: {warning}", highlight=False)
     ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
+    context = context_length(resolved)
+    for prompt, prompt_ids in zip(chosen, ids):
+        if context is not None and len(prompt_ids) >= context:
+            fail(
+                f"prompt '{prompt.name}' is {len(prompt_ids)} tokens and the context of "
+                f"{resolved.target_name} holds {context}; shorten it"
+            )
+    settings = replace(settings, context_length=context)  # every tool stops there
 
     with _progress_bar(err) as bar:
         task = bar.add_task("loading", total=None)

@@ -50,7 +50,8 @@ def chat(
     With no model named, the default pair (the shipped demo pair until you choose another
     in config.toml). Conversations are saved in the macspec home (see `macspec history`).
     Keys: Enter sends, ctrl+j new line, Esc stops the answer, ctrl+p pairs, ctrl+n new
-    chat, ctrl+r past chats, ctrl+t source colours, ctrl+q quits.
+    chat, ctrl+r past chats, ctrl+t source colours, ctrl+s saves again what storage
+    refused, ctrl+q quits. An answer stops at the context window (finish reason 'context').
     """
     # MLX and mlx-lm load here, not at import: `macspec --help` and `history` stay instant.
     from macspec.chat.session import open_models
@@ -65,7 +66,7 @@ def chat(
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
-        stop_strings=tuple(stop or ()),
+        stop_strings=opt.stop_strings(stop),
         seed=seed,
     )
     store = Store()

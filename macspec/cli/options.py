@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from macspec.errors import MacspecError
+
 Model = Annotated[
     str | None,
     typer.Option(
@@ -23,7 +25,14 @@ TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1 =
 TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k likeliest (0 = off).")]
 MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the top one.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens to generate.")]
-Seed = Annotated[int | None, typer.Option("--seed", help="Seed for reproducible sampling.")]
+MAX_SEED = 2**64 - 1
+"""Seeds are unsigned 64-bit integers (MLX's random keys)."""
+Seed = Annotated[
+    int | None,
+    typer.Option(
+        "--seed", min=0, max=MAX_SEED, help="Seed for reproducible sampling (0 to 2^64-1)."
+    ),
+]
 NumDraftTokens = Annotated[
     str | None,
     typer.Option(
@@ -64,3 +73,10 @@ ChatTemplateArgs = Annotated[
         help="Extra chat template arguments as a JSON object, e.g. '{\"enable_thinking\": false}'.",
     ),
 ]
+
+
+def stop_strings(stop: list[str] | None) -> tuple[str, ...]:
+    """`--stop` values; an empty one (it would match everywhere, or be ignored) is an error."""
+    if any(text == "" for text in stop or ()):
+        raise MacspecError("--stop needs some text to stop at; an empty --stop is not allowed")
+    return tuple(stop or ())

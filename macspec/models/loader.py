@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,15 +33,74 @@ class LoadedModels:
     """Things the user should know (printed by the CLI, shown by the TUI)."""
 
 
+# transformers warns on stderr when a prompt passes the tokenizer's model_max_length; macspec
+# checks the context window itself and says so in one line.
+logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json", "vocab.txt")
+"""Files one of which a folder needs for mlx-lm to build its tokenizer."""
+
+
 def load_model(path: Path, role: str) -> tuple[nn.Module, object]:
-    """mlx_lm.load on a local folder, with its failures turned into one-line errors."""
+    """mlx_lm.load on a local folder, with its failures turned into one-line errors.
+
+    Weights and tokenizer are checked first, so a truncated download or a missing
+    tokenizer.json is named plainly rather than as whatever the loader trips over.
+    """
     if not (path / "config.json").is_file():
         raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            raise MacspecError(f"{role} {path}: {weights.name} is {problem}; download it again")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise MacspecError(
+            f"{role} {path}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "the download is incomplete or this is not an mlx-lm model folder"
+        )
     try:
         return mlx_load(str(path))
-    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not _is_load_error(exc):
+            raise  # a bug, not a file: keep its traceback
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # whole, on one line
         raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+
+
+def _is_load_error(exc: RuntimeError) -> bool:
+    """MLX's own errors reading a weights file ('[load_safetensors] ...', a JSON header)."""
+    text = str(exc)
+    return text.startswith("[load") or "safetensors" in text or "json.exception" in text
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file cannot be loaded ('truncated: ...'), or None when its header
+    parses and its size is what the header says. Reads only the header."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            head = file.read(8)
+            if len(head) < 8:
+                return f"truncated ({size} bytes, not even a header)"
+            header_size = int.from_bytes(head, "little")
+            if header_size > min(size - 8, 100_000_000):
+                return f"damaged or truncated (a {header_size}-byte header in {size} bytes)"
+            header = json.loads(file.read(header_size))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    except ValueError:  # also UnicodeDecodeError
+        return "damaged (its header is not valid JSON)"
+    if not isinstance(header, dict):
+        return "damaged (its header is not a JSON object)"
+    ends = [
+        entry["data_offsets"][1]
+        for name, entry in header.items()
+        if name != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry
+    ]
+    expected = 8 + header_size + max(ends, default=0)
+    if size < expected:
+        return f"truncated ({size} of {expected} bytes)"
+    return None
 
 
 def weight_bytes(model: nn.Module) -> int:
