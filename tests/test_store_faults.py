@@ -181,12 +181,13 @@ def test_a_renamed_column_is_one_line(capsys):
 def test_a_damaged_page_is_one_line_and_the_rest_can_be_exported(tmp_path, capsys):
     ids = stored_conversations()
     path = default_database_path()
-    damage_page_of(path, b"MARK-1-015")
-    line = one_line_error(capsys, ["history", "show", str(ids[1])])
-    assert f"{path}: the chat database is damaged" in line
-    assert "macspec history --export" in line and "mv " in line
+    damage_page_of(path, b"MARK-2-015")  # in the latest conversation
+    for argv in (["history", "show", str(ids[2])], ["chat", "--continue"]):
+        line = one_line_error(capsys, argv)
+        assert f"{path}: the chat database is damaged" in line
+        assert "macspec history --export" in line and "mv " in line
     with pytest.raises(DamagedDatabase):
-        Store().get(ids[1])
+        Store().get(ids[2])
 
     out = tmp_path / "rescued.json"
     assert main(["history", "--export", str(out)]) == 0
@@ -194,8 +195,8 @@ def test_a_damaged_page_is_one_line_and_the_rest_can_be_exported(tmp_path, capsy
     exported = json.loads(out.read_text())
     assert [c["id"] for c in exported] == ids
     texts = [m["content"][:10] for c in exported for m in c["messages"]]
-    assert "MARK-1-015" not in texts  # lost with its page ...
-    assert "MARK-0-000" in texts and "MARK-2-029" in texts  # ... and only what was on it
+    assert "MARK-2-015" not in texts  # lost with its page ...
+    assert "MARK-0-000" in texts and "MARK-1-029" in texts  # ... and only what was on it
     lost = 90 - len(texts)
     assert 0 < lost < 30
     assert f"exported 3 conversations ({len(texts)} messages)" in err

@@ -71,13 +71,11 @@ def chat(
     )
     store = Store()
     notes: list[str] = []
-    conversation_id = resume
-    if resume is not None:
-        store.get(resume)  # an unknown id fails now, before any model is loaded
+    conversation_id = store.latest_conversation_id() if continue_last else resume
+    if conversation_id is not None:
+        store.get(conversation_id)  # unknown or unreadable: fails now, before any model loads
     elif continue_last:
-        conversation_id = store.latest_conversation_id()
-        if conversation_id is None:
-            notes.append("there is no stored conversation to continue; this is a new one")
+        notes.append("there is no stored conversation to continue; this is a new one")
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
