@@ -26,10 +26,7 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import Worker, get_current_worker
 
-from macspec.chat.session import (
-    ChatModels,
-    ChatSession,
-)
+from macspec.chat.session import ChatModels, ChatSession
 from macspec.errors import MacspecError
 from macspec.models.catalog import Pair
 from tui.messages import (
@@ -42,7 +39,7 @@ from tui.messages import (
     Saved,
     Started,
 )
-from tui.turn import answer_summary, run_turn, stored_summary
+from tui.turn import answer_summary, in_memory, run_turn, stored_summary
 from tui.widgets.pickers import HistoryPicker, PairPicker
 from tui.widgets.prompt import PromptInput
 from tui.widgets.stats_bar import StatsBar
@@ -96,6 +93,8 @@ class ChatApp(App, inherit_bindings=False):
         self.colours = True
         self.generating = False
         self.loading: str | None = None
+        self.saving = False
+        """A retry (ctrl+s) is saving what storage refused."""
         self.turns_ended = 0
         """Turns that ended (answered, stopped, failed or refused): tests wait on it."""
         self._answer: AnswerMessage | None = None
@@ -148,12 +147,7 @@ class ChatApp(App, inherit_bindings=False):
             stored = self.session.store.get(session.conversation_id).messages
         except MacspecError as exc:  # the database failed since: show what is in memory
             await transcript.add_notice(f"Cannot read it back: {exc}", "error")
-            for message in session.messages:
-                if message["role"] == "user":
-                    await transcript.add_user(message["content"])
-                else:
-                    await transcript.add_answer(message["content"], "", live=False)
-            return
+            stored = [in_memory(m) for m in session.messages]
         for message in stored:
             if message.role == "user":
                 await transcript.add_user(message.content)
@@ -176,6 +170,9 @@ class ChatApp(App, inherit_bindings=False):
             return
         if self.loading:
             self.notify(f"Loading {self.loading}…", severity="warning")
+            return
+        if self.saving:
+            self.notify("Saving what storage refused… a moment.", severity="warning")
             return
         self.prompt.clear()
         await self.transcript.add_user(text)
@@ -280,6 +277,7 @@ class ChatApp(App, inherit_bindings=False):
         if not self.session.unsaved:
             self.notify("Everything is saved.")
             return
+        self.saving = True
         self.stats_bar.set_state("saving…")
         self._save_again()
 
@@ -294,6 +292,7 @@ class ChatApp(App, inherit_bindings=False):
 
     @on(Saved)
     async def _saved(self, message: Saved) -> None:
+        self.saving = False
         self.stats_bar.set_state("ready")
         if message.problem is None:
             await self.transcript.add_notice(f"Saved {message.count} messages kept in memory.")
@@ -305,7 +304,7 @@ class ChatApp(App, inherit_bindings=False):
 
     # -- pairs, chats, colours -------------------------------------------------------------
     def _busy(self, doing: str) -> bool:
-        if self.generating or self.loading:
+        if self.generating or self.loading or self.saving:
             self.notify(f"Wait for the answer (esc stops it) before {doing}.", severity="warning")
             return True
         return False

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from textual.message import Message
 
 from macspec.chat.session import ChatSession, ContextTrimmed, NotSaved
-from macspec.chat.store import StoredMessage
+from macspec.chat.store import ModelInfo, StoredMessage
 from macspec.engine.events import Done, Token
 from macspec.engine.stats import summary_line
 from macspec.errors import MacspecError
@@ -108,3 +108,9 @@ def stored_summary(message: StoredMessage) -> str:
     if not message.complete:
         parts.append("incomplete")
     return " · ".join(parts)
+
+
+def in_memory(message: dict[str, str]) -> StoredMessage:
+    """A message the session holds, shown as if it had been read back."""
+    role, content = message["role"], message["content"]
+    return StoredMessage(0, role, content, True, None, None, None, ModelInfo(), 0.0)

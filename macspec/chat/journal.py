@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,6 +75,7 @@ class Journal:
         """Earlier conversations (a new chat was started) with messages still unsaved."""
         self.problem: StorageError | None = None
         """Why the latest save failed; None once everything is saved."""
+        self._lock = threading.RLock()  # a retry (UI) and a turn (worker) never save twice
 
     def switch(self, chat: Chat) -> None:
         """Make `chat` current; the current one is kept while it has unsaved messages."""
@@ -89,6 +91,10 @@ class Journal:
     def flush(self) -> StorageError | None:
         """Store everything unsaved (each conversation in one transaction); None when all is
         saved, else the problem (also kept in `problem`)."""
+        with self._lock:
+            return self._flush()
+
+    def _flush(self) -> StorageError | None:
         for chat in [*self.stranded, self.current]:
             if chat.unsaved:
                 try:
@@ -122,6 +128,10 @@ class Journal:
     def rewrite(self, record: Record) -> StorageError | None:
         """Write a stored record's new state (an answer as it streams or ends); one that is
         not stored yet waits for the next flush. A failure marks it behind."""
+        with self._lock:
+            return self._rewrite(record)
+
+    def _rewrite(self, record: Record) -> StorageError | None:
         record.sync()
         if record.id is None:
             return self.problem
