@@ -108,20 +108,16 @@ class Disk:
     def fill(self) -> None:
         """No more room: writes that need space fail with 'database or disk is full'."""
         if self.mounted:
-            with open(self.filler, "ab") as out:
-                try:
-                    while True:
-                        out.write(b"\0" * 65536)
-                        out.flush()
-                except OSError:
-                    pass
+            fd = os.open(self.filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             try:
-                with open(self.filler, "ab") as out:
-                    while True:
-                        out.write(b"\0" * 512)
-                        out.flush()
-            except OSError:
-                pass
+                for block in (65536, 512):  # big blocks, then the last crumbs
+                    try:
+                        while True:
+                            os.write(fd, b"\0" * block)
+                    except OSError:
+                        pass
+            finally:
+                os.close(fd)
         for store in self._stores:
             store._db.full = True
 

@@ -174,3 +174,19 @@ def test_an_answer_stops_at_the_context_window_with_its_own_reason(tok, tmp_path
     assert len(chat.last_prompt) + len(done.tokens) == 60
     (_, reply) = store.get(chat.conversation_id).messages
     assert (reply.finish_reason, reply.complete) == ("context", True)
+
+
+def test_a_full_disk_at_the_start_of_a_turn_keeps_it_for_later(tok, disk):
+    store = Store(disk.database)
+    disk.adopt(store)
+    chat = session_for(tok, store)
+    disk.fill()
+    events = list(chat.send("no room"))
+    assert isinstance(events[0], NotSaved) and "the disk is full" in events[0].problem
+    assert chat.unsaved == 2 and store.list_conversations() == []
+    disk.free()
+    assert chat.save_pending() is None
+    assert stored(store) == [
+        ("user", "no room", True, None),
+        ("assistant", done_of(events).text, True, "length"),
+    ]
