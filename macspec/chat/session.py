@@ -21,21 +21,24 @@ from dataclasses import dataclass, replace
 
 from macspec.chat.faults import StorageError
 from macspec.chat.journal import Chat, Journal, Record
+from macspec.chat.pairs import ChatModels, downloaded_pairs, open_models
 from macspec.chat.records import MessageRow
 from macspec.chat.store import ModelInfo, Store
 from macspec.engine.events import Done, Event, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
-from macspec.models.build import build_engine
-from macspec.models.catalog import (
-    Pair,
-    ResolvedModels,
-    context_length,
-    load_catalog,
-    pair_status,
-)
 from macspec.models.reasoning import ReasoningSplitter, reasoning_start
 from macspec.models.templates import encode_messages
+
+__all__ = [
+    "ChatModels",
+    "ChatSession",
+    "ContextTrimmed",
+    "NotSaved",
+    "SessionEvent",
+    "downloaded_pairs",
+    "open_models",
+]
 
 SAVE_EVERY_S = 0.5
 """How often a streaming answer is written to the store (it is always written at its end)."""
@@ -230,12 +233,15 @@ class ChatSession:
         user = {"role": "user", "content": text}
         plan = self.plan([*self.messages, user])
         answer = {"role": "assistant", "content": ""}
+        chat = self.journal.current
+        if chat.conversation_id is None:  # stored with the models of its first saved turn
+            chat.models = self.models
         # The answer is in the history from now on, so turns always alternate.
-        self.journal.current.records += [
+        chat.records += [
             Record(user, MessageRow("user", text)),
             Record(answer, MessageRow("assistant", "", complete=False, models=self.models)),
         ]
-        self._answer = self.journal.current.records[-1]
+        self._answer = chat.records[-1]
         failed = self.journal.flush()  # the user's message, and anything unsaved before it
         notices: list[ContextTrimmed | NotSaved] = []
         if plan.first_message > self.first_message:
@@ -359,44 +365,3 @@ class AnswerSoFar:
             "reasoning": self.reasoning,
             "sources": self.sources,
         }
-
-
-# -- loading a pair for a chat ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChatModels:
-    """A loaded target (and draft), ready for a ChatSession."""
-
-    engine: Engine
-    """The engine, with its drafter and policy."""
-    tokenizer: object
-    """The target's tokenizer (mlx-lm's TokenizerWrapper)."""
-    models: ModelInfo
-    """What was loaded, as the user named it (stored with each answer)."""
-    context_length: int | None
-    """The pair's context window; from the target's config.json without a pair."""
-    warnings: tuple[str, ...] = ()
-    """Things the user should know about the pair (shown as notices)."""
-
-
-def open_models(
-    resolved: ResolvedModels,
-    num_draft_tokens: str | None = None,
-    no_draft: bool = False,
-    draft: str | None = None,
-) -> ChatModels:
-    """Load resolved models into an engine (slow: run it off the UI thread)."""
-    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
-    models = ModelInfo(
-        target=resolved.target_name,
-        draft=resolved.draft_name if engine.drafter is not None else None,
-        pair=resolved.pair.name if resolved.pair is not None else None,
-    )
-    context = context_length(resolved)
-    return ChatModels(engine, loaded.tokenizer, models, context, tuple(loaded.warnings))
-
-
-def downloaded_pairs() -> list[Pair]:
-    """Catalog pairs whose target and draft are both on this machine."""
-    return [pair for pair in load_catalog().pairs.values() if pair_status(pair).downloaded]
