@@ -87,7 +87,8 @@ def describe(exc: sqlite3.Error | OSError, path: Path, busy_timeout_s: float) ->
     if code.startswith("SQLITE_READONLY") or "readonly" in text:
         why = folder_problem(path.parent) if code == "SQLITE_READONLY_DIRECTORY" else None
         if why is not None:
-            return StorageError(path, f"its folder {path.parent} is not writable ({why})")
+            problem = f"its folder {path.parent} is not writable ({why})"
+            return StorageError(path, problem, read_only=True)
         return StorageError(path, "the chat database is read-only", read_only=True)
     if code.startswith("SQLITE_CANTOPEN") or "unable to open" in text:
         why = folder_problem(path.parent)
