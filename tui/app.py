@@ -39,6 +39,7 @@ from tui.messages import (
     Saved,
     Started,
 )
+from tui.terminal import hangup_safe
 from tui.turn import answer_summary, in_memory, run_turn, stored_summary
 from tui.widgets.pickers import HistoryPicker, PairPicker
 from tui.widgets.prompt import PromptInput
@@ -79,6 +80,8 @@ class ChatApp(App, inherit_bindings=False):
         exit_on_signals: bool = False,
     ) -> None:
         super().__init__()
+        if exit_on_signals:  # a closed terminal window ends the chat as SIGHUP does
+            self.driver_class = hangup_safe(self.driver_class)
         self.exit_on_signals = exit_on_signals
         """Handle SIGTERM/SIGHUP (the CLI; tests run the app inside pytest's own loop)."""
         self.exit_signal: int | None = None
@@ -125,7 +128,7 @@ class ChatApp(App, inherit_bindings=False):
         if self.exit_on_signals:
             loop = asyncio.get_running_loop()
             for signum in EXIT_SIGNALS:
-                loop.add_signal_handler(signum, self._signalled, signum)
+                loop.add_signal_handler(signum, self.end_by_signal, signum)
         await self._show_conversation()
         for warning in self.startup_warnings:
             await self.transcript.add_notice(f"warning: {warning}", "warning")
@@ -255,9 +258,9 @@ class ChatApp(App, inherit_bindings=False):
         await self._stop_answer()
         self.exit()
 
-    def _signalled(self, signum: int) -> None:
-        """SIGTERM or SIGHUP: the answer stops ('interrupted', saved), then the app exits
-        the normal way, which restores the terminal."""
+    def end_by_signal(self, signum: int) -> None:
+        """SIGTERM or SIGHUP (or the terminal gone): the answer stops ('interrupted', saved),
+        then the app exits the normal way, which restores the terminal."""
         if self.exit_signal is not None:
             return
         self.exit_signal = signum
