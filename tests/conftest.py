@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,12 +39,18 @@ for _variable in UNSET_FOR_TESTS:
 
 @pytest.fixture(autouse=True)
 def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test runs with its own macspec home and HF cache under tmp, and none of the
-    user's settings: the suite passes (and touches nothing real) whatever the shell sets."""
+    """Every test runs with its own macspec home, HF cache and temp folder under tmp, and none
+    of the user's settings: the suite passes (and touches nothing real) whatever the shell
+    sets."""
     for variable in UNSET_FOR_TESTS:
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # Temp files (the chat's file of unsaved messages, say) stay in the test's own folder.
+    temp = tmp_path / "tmp"
+    temp.mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     try:
         from huggingface_hub import constants
     except ImportError:  # pragma: no cover - it is a dependency

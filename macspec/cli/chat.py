@@ -99,6 +99,7 @@ def chat(
         exit_on_signals=True,
     )
     chat_app.run()
+    settle_mlx()
     saved = report_unsaved(chat_app.session)
     if saved and chat_app.session.conversation_id is not None:
         say(
@@ -108,6 +109,15 @@ def chat(
     if chat_app.exit_signal is not None:
         return 128 + chat_app.exit_signal
     return 0 if saved else EXIT_USER_ERROR
+
+
+def settle_mlx() -> None:
+    """Wait for work MLX still has queued before the process exits. An answer cut short (a
+    signal, a closed terminal) can leave a step in flight on MLX's own threads, and tearing
+    those down mid-task at exit aborts the process (SIGABRT instead of 128+n)."""
+    import mlx.core as mx
+
+    mx.synchronize()
 
 
 def say(line: str) -> None:

@@ -79,6 +79,8 @@ def run(
     answer with a stats line saying 'interrupted' (exit 130).
     """
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
+    import mlx.core as mx
+
     from macspec.engine.events import Done, Token
     from macspec.engine.loop import GenerationConfig
     from macspec.engine.sampling import SamplingParams
@@ -127,6 +129,7 @@ def run(
                 done = event
     except KeyboardInterrupt:  # Ctrl-C: end the line, then the stats so far
         events.close()
+        mx.synchronize()  # a step may be in flight on MLX's threads: not torn down at exit
         return interrupted(tally, out, as_json)
     assert done is not None
     # Text held back until the end (a possible stop string, a possible tag), split too.
