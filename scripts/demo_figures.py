@@ -2,6 +2,7 @@
 
     python scripts/demo_figures.py                      # the shipped demo pair, 20 prompts
     python scripts/demo_figures.py --pair NAME --prompts FILE.jsonl -n 40
+    python scripts/demo_figures.py --drafters model,mtp,lookup --temps 0   # side by side
 
 Greedy runs are also checked token for token against mlx-lm's target-only decoding.
 """
@@ -18,9 +19,8 @@ from mlx_lm.generate import generate_step
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import make_policy
 from macspec.engine.sampling import SamplingParams
-from macspec.models.build import make_drafter
+from macspec.models.build import drafter_folders, load_drafters, make_drafter
 from macspec.models.catalog import resolve_models
-from macspec.models.loader import load_models
 from macspec.models.templates import encode_prompt
 
 HERE = Path(__file__).parent
@@ -34,10 +34,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--policies", default="4,auto")
     parser.add_argument("--temps", default="0,0.7,1.0")
+    parser.add_argument("--drafters", default="model", help="comma list: model, mtp, lookup, ...")
     args = parser.parse_args()
 
     resolved = resolve_models(args.pair, None, None)
-    loaded = load_models(resolved.target, resolved.draft)
+    drafters = args.drafters.split(",")
+    loaded = load_drafters(resolved, drafter_folders(resolved, "auto"), set(drafters))
     lines = args.prompts.read_text().splitlines()[: args.n]
     prompts = [encode_prompt(loaded.tokenizer, json.loads(line)["prompt"]) for line in lines]
     eos = set(loaded.tokenizer.eos_token_ids)
@@ -51,39 +53,44 @@ def main() -> None:
         references.append(ref)
 
     rows = []
-    for temp in (float(t) for t in args.temps.split(",")):
-        for spec in args.policies.split(","):
-            totals = dict(proposed=0, accepted=0, generated=0, passes=0, mismatches=0)
-            for i, (ids, ref) in enumerate(zip(prompts, references)):
-                engine = Engine(
-                    loaded.target,
-                    loaded.tokenizer,
-                    make_drafter("model", loaded),
-                    make_policy(spec),
-                    vocab_size=loaded.vocab_size,
-                )
-                config = GenerationConfig(
-                    max_tokens=args.max_tokens, sampling=SamplingParams(temperature=temp), seed=i
-                )
-                done = list(engine.generate(ids, config))[-1]
-                stats = done.stats
-                totals["proposed"] += stats.draft_proposed
-                totals["accepted"] += stats.draft_accepted
-                totals["generated"] += stats.generated_tokens
-                totals["passes"] += stats.target_passes
-                totals["mismatches"] += temp == 0 and done.tokens != ref
-            row = {
-                "temp": temp,
-                "k": spec,
-                "prompts": len(prompts),
-                "acceptance": totals["accepted"] / max(1, totals["proposed"]),
-                "tokens_per_pass": totals["generated"] / max(1, totals["passes"]),
-                "proposed": totals["proposed"],
-                "generated": totals["generated"],
-                "greedy_mismatches": totals["mismatches"] if temp == 0 else None,
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for drafter, temp, spec in [
+        (d, float(t), p)
+        for d in drafters
+        for t in args.temps.split(",")
+        for p in args.policies.split(",")
+    ]:
+        totals = dict(proposed=0, accepted=0, generated=0, passes=0, mismatches=0)
+        for i, (ids, ref) in enumerate(zip(prompts, references)):
+            engine = Engine(
+                loaded.target,
+                loaded.tokenizer,
+                make_drafter(drafter, loaded),
+                make_policy(spec),
+                vocab_size=loaded.vocab_size,
+            )
+            config = GenerationConfig(
+                max_tokens=args.max_tokens, sampling=SamplingParams(temperature=temp), seed=i
+            )
+            done = list(engine.generate(ids, config))[-1]
+            stats = done.stats
+            totals["proposed"] += stats.draft_proposed
+            totals["accepted"] += stats.draft_accepted
+            totals["generated"] += stats.generated_tokens
+            totals["passes"] += stats.target_passes
+            totals["mismatches"] += temp == 0 and done.tokens != ref
+        row = {
+            "drafter": drafter,
+            "temp": temp,
+            "k": spec,
+            "prompts": len(prompts),
+            "acceptance": totals["accepted"] / max(1, totals["proposed"]),
+            "tokens_per_pass": totals["generated"] / max(1, totals["passes"]),
+            "proposed": totals["proposed"],
+            "generated": totals["generated"],
+            "greedy_mismatches": totals["mismatches"] if temp == 0 else None,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

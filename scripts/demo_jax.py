@@ -40,17 +40,21 @@ def init_params(cfg: ModelConfig, key) -> dict:
     return p
 
 
-def forward(p: dict, cfg: ModelConfig, tokens, segments):
-    """Logits [B, T, V]; attention causal within a segment; RoPE as mlx-lm's (non-traditional)."""
+def rms_norm(x, w, eps: float):
     import jax
     import jax.numpy as jnp
 
-    B, T = tokens.shape
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + eps) * w
+
+
+def blocks(p: dict, cfg: ModelConfig, h, segments, prefix: str, layers: int):
+    """Llama decoder layers `prefix{i}.` over a residual stream h [B, T, D]; attention causal
+    within a segment; RoPE as mlx-lm's (non-traditional), positions 0 .. T-1."""
+    import jax
+    import jax.numpy as jnp
+
+    B, T, _ = h.shape
     H, KV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-
-    def rms_norm(x, w):
-        return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + cfg.rms_norm_eps) * w
-
     inv_freq = cfg.rope_theta ** (-jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
     angles = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq[None, :]  # [T, hd/2]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
@@ -62,10 +66,10 @@ def forward(p: dict, cfg: ModelConfig, tokens, segments):
 
     causal = jnp.tril(jnp.ones((T, T), bool))
     mask = causal[None] & (segments[:, :, None] == segments[:, None, :])  # [B, T, T]
-    h = p["model.embed_tokens.weight"][tokens]
-    for i in range(cfg.num_hidden_layers):
-        pre = f"model.layers.{i}."
-        x = rms_norm(h, p[pre + "input_layernorm.weight"])
+    eps = cfg.rms_norm_eps
+    for i in range(layers):
+        pre = f"{prefix}{i}."
+        x = rms_norm(h, p[pre + "input_layernorm.weight"], eps)
         q = (x @ p[pre + "self_attn.q_proj.weight"].T).reshape(B, T, H, hd)
         k = (x @ p[pre + "self_attn.k_proj.weight"].T).reshape(B, T, KV, hd)
         v = (x @ p[pre + "self_attn.v_proj.weight"].T).reshape(B, T, KV, hd)
@@ -75,11 +79,18 @@ def forward(p: dict, cfg: ModelConfig, tokens, segments):
         scores = jnp.where(mask[:, None], scores, -1e9)
         att = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, -1), v).reshape(B, T, H * hd)
         h = h + att @ p[pre + "self_attn.o_proj.weight"].T
-        x = rms_norm(h, p[pre + "post_attention_layernorm.weight"])
+        x = rms_norm(h, p[pre + "post_attention_layernorm.weight"], eps)
         gate = jax.nn.silu(x @ p[pre + "mlp.gate_proj.weight"].T)
         h = h + (gate * (x @ p[pre + "mlp.up_proj.weight"].T)) @ p[pre + "mlp.down_proj.weight"].T
-    h = rms_norm(h, p["model.norm.weight"])
-    return h @ p["model.embed_tokens.weight"].T  # tied embeddings
+    return h
+
+
+def forward(p: dict, cfg: ModelConfig, tokens, segments):
+    """Logits [B, T, V] of the whole model (tied embeddings)."""
+    h = p["model.embed_tokens.weight"][tokens]
+    h = blocks(p, cfg, h, segments, "model.layers.", cfg.num_hidden_layers)
+    h = rms_norm(h, p["model.norm.weight"], cfg.rms_norm_eps)
+    return h @ p["model.embed_tokens.weight"].T
 
 
 def token_losses(logits, tokens, segments):

@@ -121,8 +121,9 @@ def test_json_has_every_configuration_and_figure(folders, capsys):
         assert entry["tokens_per_pass"] == pytest.approx(
             sum(r["generated_tokens"] for r in runs) / sum(r["passes"] for r in runs)
         )
-    assert len(out["lossless"]) == 6 and all(g["lossless"] for g in out["lossless"])
-    assert len(out["checks"]) == 4 * 6  # 2 prompts x 2 repeats x 6 pairings
+    # T=0: 6 pairings; T=0.7: the coupled k=2 and auto runs against plain, same seed.
+    assert len(out["lossless"]) == 8 and all(g["lossless"] for g in out["lossless"])
+    assert len(out["checks"]) == 4 * 8  # 2 prompts x 2 repeats x 8 pairings
     curve = out["cost_curve"]
     assert len(curve["relative"]) == 8 and curve["relative"][0] == 1.0 and curve["draft_cost"] > 0
     # a lookup is timed too, and costs far less than a draft model's forward pass
@@ -131,6 +132,7 @@ def test_json_has_every_configuration_and_figure(folders, capsys):
         "macspec k=2 T=0",
         "mlx-lm k=2 T=0",
         "macspec k=2 T=0.7",
+        "rejection k=2 T=0.7",
         "mlx-lm k=2 T=0.7",
     }
     assert len(out["best_k"]) == 2
@@ -142,8 +144,8 @@ def test_json_has_every_configuration_and_figure(folders, capsys):
 def test_a_target_whose_output_differs_is_not_lossless(folders, capsys, monkeypatch):
     original = macspec.bench.runner.Runner._macspec
 
-    def perturbed(self, config, prompt_ids, max_tokens, seed):
-        run = original(self, config, prompt_ids, max_tokens, seed)
+    def perturbed(self, config, prompt_ids, max_tokens, seed, waits):
+        run = original(self, config, prompt_ids, max_tokens, seed, waits)
         if config.draft == "2" and config.temperature == 0:
             tokens = list(run.tokens)
             tokens[4] = (tokens[4] + 1) % 256
@@ -169,7 +171,8 @@ def test_table_output(folders, capsys):
         "decoding at T=0.7",
         "mlx-lm k=2",
         "macspec auto",
-        "lossless at T=0",
+        "lossless: identical ids",
+        "rejection k=2",
         "verify cost",
         "theory against measurement",
     ):
@@ -191,9 +194,35 @@ def test_user_errors_are_one_line(folders, capsys, extra, message):
     assert message in err and err.count("\n") == 1
 
 
-def test_no_draft_is_an_error(folders, capsys):
-    assert main(["bench", "--model", str(folders[0])]) == 2
-    assert "needs a draft model" in capsys.readouterr().err
+def test_a_target_alone_is_benchmarked_with_lookup(folders, capsys):
+    args = bench_args(folders, "--json")
+    at = args.index("--draft-model")
+    del args[at : at + 2]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = {r["config"]["name"] for r in report["configs"]}
+    assert "macspec k=2" in names and "mlx-lm plain" in names
+    assert not any(n.startswith("mlx-lm k=") for n in names)  # mlx-lm needs a draft model
+    assert main([*args, "--draft", "model"]) == 2
+    assert "--draft model needs a draft model" in capsys.readouterr().err
+
+
+def test_drafters_side_by_side(tmp_path, capsys):
+    """An MTP head and prompt lookup in one benchmark: a row each, all lossless."""
+    target = tiny.near_bigram(tiny.arch_model("qwen3_5", 0, scale=3.0), mix=0.02)
+    folders = (
+        tiny.save_arch_model(target, tmp_path / "target"),
+        tiny.save_mtp_folder(target, tmp_path / "mtp", noise=0.005),
+        tmp_path / "prompts.txt",
+    )
+    folders[2].write_text("Hello there\nWrite a poem about snow\n")
+    assert main(bench_args(folders, "--json", "--draft", "mtp,lookup")) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = {r["config"]["name"] for r in report["configs"]}
+    assert {"macspec k=2", "macspec lookup k=2", "macspec lookup auto"} <= names
+    assert report["lossless"] and all(group["lossless"] for group in report["lossless"])
+    rows = {r["config"]["name"]: r for r in report["configs"] if r["config"]["temperature"] == 0}
+    assert rows["macspec k=2"]["acceptance_rate"] > 0.2  # the MTP head's own row
 
 
 def test_plot_without_matplotlib_fails_before_running(folders, capsys, monkeypatch, tmp_path):

@@ -264,7 +264,9 @@ def test_a_perturbed_run_is_reported_not_lossless():
 def test_plan_and_rotating_schedule():
     settings = BenchSettings(ks=(2, 3), temperature=0.5)
     configs = plan_configs(settings)
-    assert len(configs) == 2 * (2 + 2 + 2 + 2) and len(set(configs)) == len(configs)
+    # per temperature: plain x2, mlx-lm k x2, macspec k x2, auto x2; at T > 0 the rejection
+    # rule's k x2 too
+    assert len(configs) == 2 * (2 + 2 + 2 + 2) + 2 and len(set(configs)) == len(configs)
     assert {c.name for c in configs if c.k is None} >= {"macspec auto", "macspec auto-warm"}
     order = schedule(configs, prompts=3, repeats=2)
     assert len(order) == 2 * 3 * len(configs)

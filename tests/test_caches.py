@@ -9,44 +9,19 @@ shorter than prompt + answer, so the window wraps inside verify passes.
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
 import tiny
-from mlx_lm.generate import generate_step
+from losslesskit import EOS, PROMPTS, done_of, reference
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from macspec.engine.cached import CachedModel
 from macspec.engine.drafters import Draft, ModelDrafter
-from macspec.engine.events import Done
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
 
-EOS = 257
 MAX_TOKENS = 16
-PROMPTS = [
-    "hello world",
-    "def f(x):",
-    "The quick brown fox jumps over the lazy dog",
-    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
-    "import os\nimport sys\n",
-    "Once upon a time",
-    "SELECT * FROM users WHERE id = 1;",
-    "<html><body>",
-    "for i in range(10):",
-    "a",
-    "zzzz",
-    "Speculative decoding is lossless when",
-    "print('hi')",
-    "2 + 2 =",
-    "The capital of France",
-    "lorem ipsum dolor sit amet, consectetur",
-    "class Foo:\n    def",
-    '{"key": ',
-    "# TODO:",
-    "MLX on a Mac",
-]
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +29,6 @@ def tok(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tok")
     tiny.write_tokenizer(folder)
     return tiny.tokenizer(folder)
-
-
-def reference(model, prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
-    """mlx-lm greedy decoding of the target alone, cut at (and without) EOS."""
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        if token == EOS:
-            break
-        out.append(token)
-    return out
-
-
-def done_of(events) -> Done:
-    last = list(events)[-1]
-    assert isinstance(last, Done)
-    return last
 
 
 # target kind -> its drafts: name -> how to build it from the target
@@ -107,7 +66,7 @@ def make_engine(tok, target, draft, config: str) -> Engine:
 def test_greedy_is_target_alone_for_every_draft_length_and_source(tok, pair):
     kind, target, draft = pair
     prompts = [tok.encode(text) for text in PROMPTS]
-    expected = [reference(target, p) for p in prompts]
+    expected = [reference(target, p, MAX_TOKENS) for p in prompts]
     assert any(len(p) + len(e) > 12 for p, e in zip(prompts, expected))  # past the window
     refed = 0
     for config in CONFIGS:
@@ -286,10 +245,10 @@ def test_sampling_on_a_hybrid_pair_has_the_targets_distribution(monkeypatch):
     """Three tokens sampled with k = 2: rejections rewind the Gated DeltaNet state inside the
     verify pass, and the joint distribution is still exactly the target's. The same harness
     with a wrong rule (resample from p on a rejection) fails the same bound."""
+    from samplingkit import exact_joint, resample_from_p, sampled_joint
     from test_sampling import IdTokenizer, distribution_matches
 
-    from macspec.engine.sampling import SamplingParams, probabilities
-    from macspec.engine.verify import Verdict
+    from macspec.engine.sampling import SamplingParams
 
     V = 5
     small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -297,45 +256,16 @@ def test_sampling_on_a_hybrid_pair_has_the_targets_distribution(monkeypatch):
     draft = tiny.arch_model("qwen3_5", 12, scale=4.0, vocab=V, **small)
     params = SamplingParams(temperature=1.0)
     prompt = [1, 4, 2]
+    exact = exact_joint(target, prompt, params, V)
 
-    def probs(ids):
-        return np.array(probabilities(target(mx.array(ids)[None])[0, -1:], params))[0]
+    def engine():
+        return Engine(target, IdTokenizer(), ModelDrafter(draft), FixedPolicy(2))
 
-    exact = np.zeros(V**3)
-    first = probs(prompt)
-    for a in range(V):
-        second = probs(prompt + [a])
-        for b in range(V):
-            third = probs(prompt + [a, b])
-            exact[(a * V + b) * V : (a * V + b + 1) * V] = first[a] * second[b] * third
-
-    def joint(runs: int) -> tuple[list[int], int]:
-        engine = Engine(target, IdTokenizer(), ModelDrafter(draft), FixedPolicy(2))
-        outcomes, rejected = [], 0
-        for seed in range(runs):
-            config = GenerationConfig(max_tokens=3, sampling=params, seed=seed)
-            done = done_of(engine.generate(prompt, config))
-            a, b, c = done.tokens
-            outcomes.append((a * V + b) * V + c)
-            rejected += done.stats.draft_proposed - done.stats.draft_accepted
-        return outcomes, rejected
-
-    outcomes, rejected = joint(1200)
+    outcomes, rejected = sampled_joint(engine(), prompt, params, V, 1200)
     assert rejected > 300  # the recurrent state was rolled back many times
     assert distribution_matches(outcomes, exact)
-
-    def resample_from_p(self, logits, draft, params, keys):  # the classic wrong rule
-        p = probabilities(logits, params)
-        kept = 0
-        for i, token in enumerate(draft.tokens):
-            q = float(draft.q[i, token])
-            if mx.random.uniform(key=keys.next()).item() >= float(p[i, token]) / q:
-                break
-            kept += 1
-        return Verdict(kept, int(mx.random.categorical(mx.log(p[kept]), key=keys.next()).item()))
-
-    monkeypatch.setattr(Engine, "_verify", resample_from_p)
-    wrong, _ = joint(1200)
+    monkeypatch.setattr("macspec.engine.loop.sampled_verdict", resample_from_p)
+    wrong, _ = sampled_joint(engine(), prompt, params, V, 1200)
     assert not distribution_matches(wrong, exact)
 
 
@@ -356,7 +286,7 @@ def test_a_chat_past_the_window_and_with_an_edited_answer_stays_exact(tok, tmp_p
             chat.messages[-1]["content"] = "something else entirely"
         done = done_of(chat.send(text))
         prompt = chat.last_prompt
-        assert done.tokens == reference(target, prompt), f"turn {i + 1}"
+        assert done.tokens == reference(target, prompt, MAX_TOKENS), f"turn {i + 1}"
         if i:
             assert done.stats.prefilled_tokens < len(prompt)  # a cached prefix was reused
     assert len(prompt) > 3 * 12  # the conversation is well past the sliding window

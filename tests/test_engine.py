@@ -5,42 +5,16 @@ The reference is mlx-lm's own target-only greedy decoding (`generate_step`).
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 import tiny
-from mlx_lm.generate import generate_step
+from losslesskit import PROMPTS, reference
 
 from macspec.engine.drafters import ModelDrafter
 from macspec.engine.events import Cycle, Done, Source, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import AutoPolicy, FixedPolicy
 
-EOS = 257
 MAX_TOKENS = 24
-PROMPTS = [
-    "hello world",
-    "def f(x):",
-    "The quick brown fox",
-    "1, 2, 3, 4,",
-    "import os\nimport sys\n",
-    "Once upon a time",
-    "SELECT * FROM",
-    "<html><body>",
-    "for i in range(10):",
-    "a",
-    "zzzz",
-    "Speculative decoding is",
-    "print('hi')",
-    "2 + 2 =",
-    "The capital of France",
-    "lorem ipsum dolor sit amet",
-    "class Foo:\n    def",
-    '{"key": ',
-    "# TODO:",
-    "~!@#$%^&*()",
-    "MLX on a Mac",
-    "return None",
-]
 
 
 @pytest.fixture(scope="module")
@@ -64,16 +38,6 @@ def drafts(target):
     }
 
 
-def reference(model, prompt: list[int], max_tokens: int = MAX_TOKENS) -> list[int]:
-    """mlx-lm greedy decoding of the target alone, cut at (and without) EOS."""
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        if token == EOS:
-            break
-        out.append(token)
-    return out
-
-
 def run(engine: Engine, prompt: list[int], **config) -> tuple[Done, list]:
     events = list(engine.generate(prompt, GenerationConfig(**config)))
     assert isinstance(events[-1], Done)
@@ -86,12 +50,12 @@ def make_policy(spec):
 
 @pytest.fixture(scope="module")
 def prompt_ids(tok):
-    return [tok.encode(p) for p in PROMPTS]
+    return [tok.encode(p) for p in [*PROMPTS, "~!@#$%^&*()", "return None"]]
 
 
 @pytest.fixture(scope="module")
 def references(target, prompt_ids):
-    return [reference(target, p) for p in prompt_ids]
+    return [reference(target, p, MAX_TOKENS) for p in prompt_ids]
 
 
 @pytest.mark.parametrize("draft_name", ["unrelated", "noisy", "self"])
@@ -126,7 +90,7 @@ def test_self_draft_accepts_everything_and_makes_k_plus_one_per_pass(
     cycles = 3
     checked = 0
     for prompt in prompt_ids:
-        expected = reference(target, prompt, max_tokens=(k + 1) * cycles)
+        expected = reference(target, prompt, (k + 1) * cycles)
         if len(expected) < (k + 1) * cycles:
             continue  # an early EOS would cut a cycle short
         done, _ = run(engine, prompt, max_tokens=(k + 1) * cycles)
@@ -158,7 +122,7 @@ def test_quantized_pair_is_lossless(tok, target, prompt_ids):
         engine = Engine(target_q, tok, ModelDrafter(draft_q), policy)
         for prompt in prompt_ids:
             done, _ = run(engine, prompt, max_tokens=MAX_TOKENS)
-            assert done.tokens == reference(target_q, prompt)
+            assert done.tokens == reference(target_q, prompt, MAX_TOKENS)
 
 
 def test_cycle_records_add_up(tok, target, drafts, prompt_ids, references):

@@ -97,7 +97,7 @@ def test_pull_warns_when_the_pair_will_not_fit(capsys, tiny_pair, monkeypatch, c
 
 def test_pull_demo_needs_no_download(capsys, hf_cache, monkeypatch, tmp_path, tiny_model_folder):
     monkeypatch.setattr(hub, "PACKAGE_ROOT", tmp_path / "pkg")
-    for member in ("target", "draft"):
+    for member in ("target", "draft", "mtp"):  # the demo pair ships an MTP head too
         shutil.copytree(tiny_model_folder, tmp_path / "pkg" / "demo" / member)
     code, out, _ = cli(capsys, "pull", "demo")
     assert code == 0 and "needs no download" in out

@@ -128,17 +128,20 @@ LIGHT_COMMANDS = [
     ["history"],
     ["rm", "--help"],
     ["pull", "--help"],
+    ["serve", "--help"],
 ]
 
 
 @pytest.mark.parametrize("argv", LIGHT_COMMANDS, ids=" ".join)
 def test_light_commands_do_not_load_mlx(argv: list[str], tmp_path: Path) -> None:
-    """`macspec --help`, `models`, `history`, `rm` and `pull` start without MLX or mlx-lm."""
+    """`macspec --help`, `models`, `history`, `rm`, `pull` and `serve --help` start without
+    MLX, mlx-lm, Textual or the server's stack."""
     code = (
         "import sys\n"
         "from macspec.cli import main\n"
         f"status = main({argv!r})\n"
-        "heavy = sorted(m for m in ('mlx', 'mlx_lm', 'textual') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('mlx', 'mlx_lm', 'textual', 'fastapi', 'uvicorn') "
+        "if m in sys.modules)\n"
         "print('HEAVY', ','.join(heavy), 'STATUS', status)\n"
     )
     env = {"MACSPEC_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}

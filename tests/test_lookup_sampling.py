@@ -6,6 +6,7 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
+from samplingkit import resample_from_p
 from tiny import model_args, noisy_copy, random_model
 
 import macspec.engine.loop
@@ -13,8 +14,7 @@ from macspec.engine.drafters import ModelDrafter
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import FixedPolicy
-from macspec.engine.sampling import SamplingParams, probabilities, sample
-from macspec.engine.verify import Verdict, verify_sampled
+from macspec.engine.sampling import SamplingParams, probabilities
 
 
 # -- sampling ----------------------------------------------------------------------------------
@@ -78,26 +78,14 @@ def sampled_counts(drafter, model, prompt: list[int]) -> tuple[Counter, Counter]
     engine = Engine(model, _TinyVocabTokenizer(), drafter, FixedPolicy(3))
     counts, sources = Counter(), Counter()
     for seed in range(SAMPLES):
-        config = GenerationConfig(max_tokens=LENGTH, sampling=SAMPLED, seed=seed)
+        config = GenerationConfig(
+            max_tokens=LENGTH, sampling=SAMPLED, seed=seed, sampler="rejection"
+        )
         done = list(engine.generate(prompt, config))[-1]
         counts[tuple(done.tokens)] += 1
         for source, (proposed, _) in done.stats.by_source.items():
             sources[source] += proposed
     return counts, sources
-
-
-def wrong_verify(p, q, draft_tokens, key):
-    """A plausible bug: on rejecting a lookup guess, resample from p instead of the residual."""
-    k = len(draft_tokens)
-    if k == 0:
-        return verify_sampled(p, q, draft_tokens, key)
-    accept_key, sample_key = mx.random.split(key)
-    p_drafted = p[mx.arange(k), mx.array(draft_tokens)]
-    kept = (mx.random.uniform(shape=(k,), key=accept_key) < p_drafted).tolist()
-    accepted = 0
-    while accepted < k and kept[accepted]:
-        accepted += 1
-    return Verdict(accepted, sample(p[accepted], sample_key).item())
 
 
 TINY_PROMPT = [0, 1, 2, 3, 0, 1, 2, 0, 1, 3, 2, 0, 1]
@@ -127,7 +115,7 @@ def test_sampled_output_has_the_targets_distribution(kind: str, tiny_vocab_targe
 
 def test_the_distribution_check_catches_a_wrong_rule(tiny_vocab_target, monkeypatch):
     model, expected = tiny_vocab_target
-    monkeypatch.setattr(macspec.engine.loop, "verify_sampled", wrong_verify)
+    monkeypatch.setattr(macspec.engine.loop, "sampled_verdict", resample_from_p)
     counts, _ = sampled_counts(LookupDrafter(), model, TINY_PROMPT)
     statistic, df = chi_square(counts, expected, SAMPLES)
     assert statistic > df + 4 * (2 * df) ** 0.5, (statistic, df)

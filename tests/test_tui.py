@@ -240,7 +240,8 @@ async def test_new_chat_and_resume_the_old_one(tok, store):
         await until(pilot, lambda: app.transcript.query(UserMessage))
         assert items(app)[1:] == [("user", "the first chat"), ("answer", first.text)]
         resumed = app.transcript.query(AnswerMessage).last()
-        assert "-has-sources" not in resumed.classes  # stored answers show as Markdown
+        # a reopened answer is coloured by the sources stored with it, as it was when written
+        assert "-has-sources" in resumed.classes
 
         await ask(pilot, "back to the first")
         assert len(store.get(first_id).messages) == 4
@@ -291,7 +292,37 @@ async def test_colour_toggle(tok, store):
         assert answer.query_one(".spans").display and not answer.query_one(".body").display
         await pilot.press("ctrl+t")
         assert not app.colours and "-sources" not in app.classes
-        assert answer.query_one(".body").display and not answer.query_one(".spans").display
+        # The tiny model writes no Markdown: its text shows preformatted, as written.
+        assert answer.query_one(".plain").display
+        assert not answer.query_one(".body").display and not answer.query_one(".spans").display
+
+
+CODE = 'def is_nan(n):\n    """Return True if n is not a number."""\n    return n != n'
+
+
+@pytest.mark.asyncio
+async def test_answers_keep_their_lines_in_every_view_and_their_colours_when_reopened(tok, store):
+    """Unfenced code is not Markdown: shown preformatted (line breaks and indentation kept);
+    a reopened answer is coloured by its stored sources; Markdown still renders as Markdown."""
+    conversation = store.create_conversation("code", MODELS)
+    store.add_message(conversation, "user", "write is_nan")
+    answer_id = store.add_message(conversation, "assistant", "")
+    runs = [["def is_nan(n):\n", "target"], [CODE[15:], "draft"]]
+    store.update_answer(answer_id, CODE, True, 20, "stop", sources=runs)
+    store.add_message(conversation, "user", "and in markdown?")
+    second = store.add_message(conversation, "assistant", "")
+    store.update_answer(second, "# Heading\n\n- one\n- two", True, 8, "stop")
+    app, _, _ = build(tok, store, conversation_id=conversation)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        code, markdown = app.transcript.query(AnswerMessage)
+        assert code.plain_spans == [(CODE[:15], "target"), (CODE[15:], "draft")]
+        assert code.query_one(".spans").display  # coloured as it was written
+        await pilot.press("ctrl+t")
+        plain = code.query_one(".plain")
+        assert plain.display and not code.query_one(".body").display
+        assert str(plain.render()).splitlines()[1] == '    """Return True if n is not a number."""'
+        assert markdown.query_one(".body").display and not markdown.query_one(".plain").display
 
 
 @pytest.mark.asyncio

@@ -136,6 +136,20 @@ def tokenizer(folder: Path):
 # -- other architectures: the caches of 2026 (recurrent, hybrid, sliding window) --------------
 
 ARCHITECTURES: dict[str, dict] = {
+    # Qwen3: dense, full attention.
+    "qwen3": dict(
+        model_type="qwen3",
+        hidden_size=64,
+        num_hidden_layers=4,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+    ),
     # Qwen3.5: Gated DeltaNet layers (ArraysCache) between full-attention layers (KVCache).
     "qwen3_5": dict(
         model_type="qwen3_5",
@@ -274,3 +288,100 @@ def save_arch_model(model: nn.Module, folder: Path) -> Path:
 def unrelated_llama(model: nn.Module, seed: int = 7) -> nn.Module:
     """An attention-only llama draft for any tiny target (same vocabulary, unrelated weights)."""
     return random_model(seed, scale=3.0)
+
+
+# -- drafters that read the target: MTP heads and DFlash drafters --------------------------------
+
+
+def near_bigram(model: nn.Module, mix: float = 0.05) -> nn.Module:
+    """Scale every layer's output projections down: the model's next token then depends mostly
+    on the current one, which an MTP head that reads the embedding can predict."""
+    from mlx.utils import tree_unflatten
+
+    outs = ("o_proj.weight", "down_proj.weight", "out_proj.weight")
+    scaled = [(k, v * mix) for k, v in tree_flatten(model.parameters()) if k.endswith(outs)]
+    model.update(tree_unflatten(scaled))
+    mx.eval(model.parameters())
+    return model
+
+
+def mtp_weights(target: nn.Module, noise: float, seed: int = 5, reads_hidden: float = 0.0) -> dict:
+    """An MTP head (mlx-vlm names) that predicts what a near-bigram target predicts next:
+    it passes the embedding half through and adds nothing in its layer, then the target's own
+    final norm; `noise` makes it wrong now and then. Built with mlx-lm's own classes."""
+    from mlx.utils import tree_flatten as flat
+
+    from macspec.engine.mtp import MTPHead
+
+    config = CONFIGS[id(target)]
+    head = MTPHead(config)
+    mx.random.seed(seed)
+    weights = dict(flat(head.parameters()))
+    hidden = config["hidden_size"]
+    hidden_half = reads_hidden * mx.random.normal((hidden, hidden)) / hidden**0.5
+    weights["fc.weight"] = mx.concatenate([mx.eye(hidden), hidden_half], axis=1)
+    for key in weights:
+        if key.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[key] = mx.zeros_like(weights[key])
+    inner = target.language_model.model if hasattr(target, "language_model") else target.model
+    weights["norm.weight"] = inner.norm.weight
+    for key, value in weights.items():
+        if value.ndim == 2 and noise:
+            weights[key] = value + noise * mx.random.normal(value.shape)
+    return weights
+
+
+def save_mtp_folder(
+    target: nn.Module,
+    folder: Path,
+    noise: float = 0.02,
+    bits: int | None = None,
+    reads_hidden: float = 0.0,
+) -> Path:
+    """A drafter folder in mlx-vlm's qwen3_5_mtp format for a tiny qwen3_5 target."""
+    from macspec.engine.mtp import MTPHead
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = CONFIGS[id(target)]
+    head = MTPHead(config)
+    head.load_weights(list(mtp_weights(target, noise, reads_hidden=reads_hidden).items()))
+    head_config = {"model_type": "qwen3_5_mtp", "text_config": config, "block_size": 3}
+    if bits:
+        nn.quantize(head, group_size=32, bits=bits)
+        head_config["quantization"] = {"group_size": 32, "bits": bits}
+    mx.eval(head.parameters())
+    (folder / "config.json").write_text(json.dumps(head_config))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(head.parameters())))
+    return folder
+
+
+def dflash_config(target_layer_ids=(0, 1), block_size: int = 8, mask: int = 259) -> dict:
+    return dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        block_size=block_size,
+        num_target_layers=4,
+        dflash_config=dict(mask_token_id=mask, target_layer_ids=list(target_layer_ids)),
+    )
+
+
+def save_dflash_folder(folder: Path, seed: int = 3, **config) -> Path:
+    """A DFlash drafter folder in z-lab's format, random weights."""
+    from macspec.engine.dflash import DFlashConfig, DFlashModel
+
+    folder.mkdir(parents=True, exist_ok=True)
+    full = dflash_config(**config)
+    mx.random.seed(seed)
+    model = DFlashModel(DFlashConfig.from_dict(full), 64)
+    model.update(tree_map(lambda w: w * 2.0 if w.ndim == 2 else w, model.parameters()))
+    mx.eval(model.parameters())
+    (folder / "config.json").write_text(json.dumps(full))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return folder

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from textual import on, work
@@ -50,6 +51,9 @@ STOP_WAIT_S = 10
 """How long quitting waits for a running answer to stop and be saved."""
 EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals that end the chat cleanly: the answer saved, the terminal restored."""
+STATS_EVERY_S = 1 / 4
+"""Most often the stats bar redraws while an answer streams (its figures change slowly; the
+text itself shows as it comes). The final figures always show."""
 
 
 class ChatApp(App, inherit_bindings=False):
@@ -101,6 +105,7 @@ class ChatApp(App, inherit_bindings=False):
         self.turns_ended = 0
         """Turns that ended (answered, stopped, failed or refused): tests wait on it."""
         self._answer: AnswerMessage | None = None
+        self._stats_shown = 0.0
         self._cancel = threading.Event()
         self._worker: Worker | None = None
 
@@ -160,6 +165,7 @@ class ChatApp(App, inherit_bindings=False):
                     stored_summary(message),
                     live=False,
                     reasoning=message.reasoning,
+                    sources=message.sources,
                 )
 
     # -- a turn ----------------------------------------------------------------------------
@@ -206,7 +212,10 @@ class ChatApp(App, inherit_bindings=False):
     async def _chunk(self, message: Chunk) -> None:
         if self._answer is not None and message.pieces:
             await self._answer.add_tokens(message.pieces)
-        self.stats_bar.show(message.figures)
+        now = time.monotonic()
+        if now - self._stats_shown >= STATS_EVERY_S:
+            self.stats_bar.show(message.figures)
+            self._stats_shown = now
 
     @on(Finished)
     async def _finished(self, message: Finished) -> None:

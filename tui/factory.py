@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from macspec.chat.session import ChatModels, ChatSession, downloaded_pairs, open_models
 from macspec.chat.store import ModelInfo, Store
+from macspec.engine.cached import CacheOptions
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.models.build import needs_draft_model
 from macspec.models.catalog import Pair, resolve_models
@@ -13,7 +14,10 @@ from tui.app import ChatApp
 
 
 def default_pair_loader(
-    num_draft_tokens: str | None = None, no_draft: bool = False, draft: str | None = None
+    num_draft_tokens: str | None = None,
+    no_draft: bool = False,
+    draft: str | None = None,
+    cache_options: CacheOptions | None = None,
 ) -> Callable[[Pair], ChatModels]:
     """Loads a catalog pair from disk with the command line's draft settings."""
 
@@ -21,7 +25,7 @@ def default_pair_loader(
         resolved = resolve_models(
             pair.name, None, None, need_draft=needs_draft_model(draft, no_draft)
         )
-        return open_models(resolved, num_draft_tokens, no_draft, draft)
+        return open_models(resolved, num_draft_tokens, no_draft, draft, cache_options)
 
     return load
 

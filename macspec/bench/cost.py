@@ -31,12 +31,15 @@ class CostSampler:
     DRAFT_STEPS = 3
     """Draft steps timed per round (each is short)."""
 
-    def __init__(self, target: nn.Module, draft: nn.Module, prompt_ids: Sequence[int], max_m: int):
+    def __init__(
+        self, target: nn.Module, draft: nn.Module | None, prompt_ids: Sequence[int], max_m: int
+    ):
         self.ids = _filler(prompt_ids, max_m)
         self.target = CachedModel(target, "target model")
         self.target.prefill(list(prompt_ids))
-        self.draft = CachedModel(draft, "draft model")
-        self.draft.prefill(list(prompt_ids))
+        self.draft = CachedModel(draft, "draft model") if draft is not None else None
+        if self.draft is not None:
+            self.draft.prefill(list(prompt_ids))
         self.target_s: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
         self.draft_s: list[float] = []
         # Prompt lookup on the prompt plus a repeat of its start, so every lookup finds a match
@@ -66,9 +69,10 @@ class CostSampler:
             if keep:
                 self.target_s[m].append(elapsed)
         for _ in range(self.DRAFT_STEPS):
-            elapsed = self._time(self.draft, 1)
-            if keep:
-                self.draft_s.append(elapsed)
+            if self.draft is not None:
+                elapsed = self._time(self.draft, 1)
+                if keep:
+                    self.draft_s.append(elapsed)
             elapsed = self._time_lookup()
             if keep:
                 self.lookup_s.append(elapsed)
@@ -86,6 +90,6 @@ class CostSampler:
     def curve(self) -> CostCurve:
         return CostCurve(
             tuple(median(t) for t in self.target_s.values()),
-            median(self.draft_s),
+            median(self.draft_s) if self.draft_s else None,
             median(self.lookup_s),
         )

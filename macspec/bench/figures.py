@@ -27,6 +27,12 @@ class BenchConfig:
     kept across the runs, as a chat session keeps its engine's)."""
     temperature: float
     """Sampling temperature; 0 is greedy."""
+    source: str | None = None
+    """macspec's drafter when it is not the benchmark's first (`--draft model,mtp`): 'mtp',
+    'dflash', 'lookup', ...; None for the first, and for mlx-lm."""
+    sampler: str | None = None
+    """macspec at T > 0: None is the coupled sampler (seeded: tokens identical to plain
+    decoding's), 'rejection' the rejection rule, run beside it to compare acceptance."""
 
     @property
     def k(self) -> int | None:
@@ -38,7 +44,9 @@ class BenchConfig:
         """'macspec plain', 'mlx-lm k=3', 'macspec auto': the row label, temperature aside."""
         if self.draft is None:
             return f"{self.tool} plain"
-        return f"{self.tool} {self.draft if self.k is None else f'k={self.k}'}"
+        # macspec's rows at T > 0 are coupled; its rejection-rule rows are named by the rule
+        tool = self.sampler or (f"{self.tool} {self.source}" if self.source else self.tool)
+        return f"{tool} {self.draft if self.k is None else f'k={self.k}'}"
 
     @property
     def label(self) -> str:
@@ -86,6 +94,9 @@ class RunRecord:
     refed: int = 0
     """Of those, ids fed again after a checkpoint was restored: what rolling back recurrent or
     wrapped sliding-window caches costs (macspec only; 0 for attention-only targets)."""
+    waits: int = 0
+    """Blocking host-device waits after the first target pass (bench/waits.py), so the
+    prompt's prefill does not count: each idles an Apple GPU."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -226,6 +237,8 @@ class ConfigSummary:
     """Ids fed again after checkpoint restores, over all runs."""
     refed_share: float | None = None
     """refed over all ids the target's passes processed: the verify work restores added."""
+    waits_per_pass: float | None = None
+    """Blocking host-device waits per target pass (per cycle): 1 is the least a step needs."""
 
 
 def summarize(records: Sequence[RunRecord]) -> list[ConfigSummary]:
@@ -271,6 +284,7 @@ def summarize(records: Sequence[RunRecord]) -> list[ConfigSummary]:
                 peak_memory_bytes=max(r.peak_memory_bytes for r in runs),
                 refed=sum(r.refed for r in runs),
                 refed_share=ratio(sum(r.refed for r in runs), sum(r.fed for r in runs)),
+                waits_per_pass=ratio(sum(r.waits for r in runs), passes - len(runs)),
             )
         )
     return summaries
@@ -333,10 +347,20 @@ def lossless_checks(records: Sequence[RunRecord]) -> list[Comparison]:
 
     macspec plain itself is checked against mlx-lm plain: the baseline must be the target's
     own greedy output too. mlx-lm speculative is checked against mlx-lm plain for reference.
+    At T > 0, macspec's coupled runs (same seed per prompt) against macspec plain: with the
+    coupled sampler they are the same tokens too.
     """
+    runs = {(r.config, r.prompt, r.repeat): r for r in records}
+    checks = []
+    for (config, prompt, repeat), record in runs.items():
+        if config.temperature == 0 or config.tool != MACSPEC or config.draft is None:
+            continue
+        if config.sampler is None:  # coupled
+            plain = runs.get((BenchConfig(MACSPEC, None, config.temperature), prompt, repeat))
+            if plain is not None:
+                checks.append(compare(record, plain))
     greedy = {(r.config, r.prompt, r.repeat): r for r in records if r.config.temperature == 0}
     ours_plain, mlx_plain = BenchConfig(MACSPEC, None, 0.0), BenchConfig(MLX_LM, None, 0.0)
-    checks = []
     for (config, prompt, repeat), record in greedy.items():
         if config.tool == MACSPEC and config.draft is not None:
             references = [ours_plain, mlx_plain]

@@ -133,6 +133,7 @@ def _run(record: RunRecord) -> dict[str, Any]:
         "peak_memory_bytes": record.peak_memory_bytes,
         "fed": record.fed,
         "refed": record.refed,
+        "waits": record.waits,
         "tokens": list(record.tokens),
     }
 

@@ -29,6 +29,8 @@ from macspec.bench.figures import (
     replay_mlx_cycles,
 )
 from macspec.bench.theory import CostCurve
+from macspec.bench.waits import WaitCounter
+from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import DraftPolicy, make_policy
@@ -66,11 +68,15 @@ class BenchSettings:
     warmup: bool = True
     """Run every configuration once, untimed, on a few ids before measuring."""
     draft_source: str = "model"
-    """Where macspec's guesses come from ('model', 'lookup', 'hybrid'); mlx-lm's are always
-    its draft model's. The cost curve times both a draft step and a lookup."""
+    """Where macspec's guesses come from ('model', 'lookup', 'hybrid', 'mtp', 'dflash');
+    mlx-lm's are always its draft model's. The cost curve times a draft step and a lookup."""
     context_length: int | None = None
     """The target's context window: every tool stops there (macspec says 'context'), so
     their outputs stay comparable. None: no limit."""
+    cache_options: CacheOptions = DEFAULT_CACHE
+    """KV cache quantization and size, for macspec and mlx-lm alike."""
+    more_sources: tuple[str, ...] = ()
+    """Other drafters macspec also runs, at the same k and auto, side by side."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 2:
@@ -84,7 +90,10 @@ class BenchSettings:
             )
         if not self.ks or any(k < 1 for k in self.ks):
             raise MacspecError(f"--k needs positive draft lengths, got {list(self.ks)}")
-        check_draft_source(self.draft_source)
+        for source in (self.draft_source, *self.more_sources):
+            check_draft_source(source)
+            if source == "auto":
+                raise MacspecError("--draft auto is not a bench source; list the drafters")
         if self.curve_max_m < max(self.ks) + 1:
             raise MacspecError("the cost curve must reach k + 1 ids for every k")
 
@@ -105,6 +114,14 @@ def plan_configs(settings: BenchSettings, mlx_lm_speculates: bool = True) -> lis
             configs.append(BenchConfig(MACSPEC, "auto", temp))
         if settings.auto_warm:
             configs.append(BenchConfig(MACSPEC, "auto-warm", temp))
+        for source in settings.more_sources:  # every other drafter, side by side
+            configs += [BenchConfig(MACSPEC, str(k), temp, source) for k in settings.ks]
+            if settings.auto:
+                configs.append(BenchConfig(MACSPEC, "auto", temp, source))
+        if temp > 0:  # the rejection rule beside the coupled one: acceptance compared
+            configs += [
+                BenchConfig(MACSPEC, str(k), temp, sampler="rejection") for k in settings.ks
+            ]
     return configs
 
 
@@ -129,14 +146,12 @@ class Runner:
     """Runs one configuration on one prompt over models loaded once."""
 
     def __init__(self, loaded: LoadedModels, settings: BenchSettings):
-        if loaded.draft is None:
-            raise MacspecError("macspec bench needs a draft model (--pair, or --draft-model)")
         self.loaded = loaded
         self.settings = settings
-        self.mlx_lm_speculates = all(
+        self.mlx_lm_speculates = loaded.draft is not None and all(
             can_trim_prompt_cache(make_prompt_cache(m)) for m in (loaded.target, loaded.draft)
         )
-        """mlx-lm speculates only where it can trim both caches."""
+        """mlx-lm speculates only with a draft model, where it can trim both caches."""
         self._warm_policies: dict[BenchConfig, DraftPolicy] = {}
         """'auto-warm' policies, one per configuration, kept from run to run."""
 
@@ -156,13 +171,19 @@ class Runner:
         mx.clear_cache()
         mx.reset_peak_memory()
         go = self._macspec if config.tool == MACSPEC else self._mlx
-        record = go(config, prompt_ids, max_tokens, seed)
+        models = [self.loaded.target, self.loaded.draft, *self.loaded.heads.values()]
+        with WaitCounter(models) as waits:
+            record = go(config, prompt_ids, max_tokens, seed, waits)
         return replace(
-            record, prompt=prompt, repeat=repeat, peak_memory_bytes=int(mx.get_peak_memory())
+            record,
+            prompt=prompt,
+            repeat=repeat,
+            peak_memory_bytes=int(mx.get_peak_memory()),
+            waits=waits.count - waits.at_first_token,
         )
 
     def _macspec(
-        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int
+        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int, waits
     ) -> RunRecord:
         loaded = self.loaded
         sampling = SamplingParams(temperature=config.temperature, top_p=self.settings.top_p)
@@ -170,6 +191,7 @@ class Runner:
             max_tokens=max_tokens,
             sampling=sampling,
             seed=seed,
+            sampler=config.sampler,
             context_length=self.settings.context_length,
         )
         arrivals: list[float] = []
@@ -179,14 +201,24 @@ class Runner:
         # A fresh engine per run, as stream_generate makes fresh caches: no reuse between runs.
         drafter, policy = None, None
         if config.draft is not None:
-            drafter = make_drafter(self.settings.draft_source, loaded)
+            source = config.source or self.settings.draft_source
+            drafter = make_drafter(source, loaded, self.settings.cache_options)
             if config.draft == "auto-warm":
                 policy = self._warm_policies.setdefault(config, make_policy("auto"))
             else:
                 policy = make_policy(config.draft)
-        engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
+        engine = Engine(
+            loaded.target,
+            loaded.tokenizer,
+            drafter,
+            policy,
+            loaded.vocab_size,
+            self.settings.cache_options,
+        )
         for event in engine.generate(prompt_ids, generation):
             if isinstance(event, Token):
+                if not arrivals:
+                    waits.first_token()
                 arrivals.append(time.perf_counter() - started)
                 first_pass += passes == 1
             elif isinstance(event, Cycle):
@@ -218,11 +250,20 @@ class Runner:
         )
 
     def _mlx(
-        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int
+        self, config: BenchConfig, prompt_ids: list[int], max_tokens: int, seed: int, waits
     ) -> RunRecord:
         loaded = self.loaded
         top_p = self.settings.top_p if self.settings.top_p < 1 else 0.0  # mlx-lm: 0 is off
-        kwargs = {"max_tokens": max_tokens, "sampler": make_sampler(config.temperature, top_p)}
+        caches = self.settings.cache_options
+        kwargs = {
+            "max_tokens": max_tokens,
+            "sampler": make_sampler(config.temperature, top_p),
+            "kv_bits": caches.kv_bits,
+            "kv_group_size": caches.kv_group_size,
+            "quantized_kv_start": caches.quantized_kv_start,
+        }
+        if caches.max_kv_size is not None:  # mlx-lm speculates with no max_kv_size at all
+            kwargs["max_kv_size"] = caches.max_kv_size
         k = config.k or 0
         if config.draft is not None:
             kwargs.update(draft_model=loaded.draft, num_draft_tokens=k)
@@ -237,6 +278,8 @@ class Runner:
             if response.finish_reason == "stop":  # it carries the end-of-sequence id
                 finish = "stop"
                 continue
+            if not arrivals:
+                waits.first_token()
             arrivals.append(time.perf_counter() - started)
             tokens.append(int(response.token))
         elapsed = time.perf_counter() - started

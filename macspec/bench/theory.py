@@ -19,8 +19,8 @@ class CostCurve:
 
     target_s: tuple[float, ...]
     """target_s[m - 1]: median seconds of a target pass over m ids on a warm cache."""
-    draft_s: float
-    """Median seconds of one draft step (a pass over 1 id)."""
+    draft_s: float | None
+    """Median seconds of one draft model step (a pass over 1 id); None without a draft model."""
     lookup_s: float = 0.0
     """Median seconds of prompt lookup per id it proposed (an n-gram index lookup)."""
 
@@ -30,21 +30,25 @@ class CostCurve:
         return tuple(t / self.target_s[0] for t in self.target_s)
 
     @property
-    def draft_cost(self) -> float:
-        """c: a draft step over a target pass of one id."""
-        return self.draft_s / self.target_s[0]
+    def draft_cost(self) -> float | None:
+        """c: a draft step over a target pass of one id (None: no draft model timed)."""
+        return None if self.draft_s is None else self.draft_s / self.target_s[0]
 
     @property
     def lookup_cost(self) -> float:
         """c for prompt lookup: its seconds per guessed id over a target pass of one id."""
         return self.lookup_s / self.target_s[0]
 
-    def guess_cost(self, config: BenchConfig, draft_source: str) -> float:
-        """The c of a configuration: mlx-lm always drafts with its model; macspec by
-        `draft_source`. A hybrid is priced as its model (an upper bound: it asks the model
-        whenever no long lookup match exists)."""
-        if config.tool != MLX_LM and draft_source == "lookup":
+    def guess_cost(self, config: BenchConfig, draft_source: str) -> float | None:
+        """The c of a configuration: mlx-lm always drafts with its model; macspec by its own
+        source, or `draft_source`. A hybrid is priced as its model (an upper bound: it asks the
+        model whenever no long lookup match exists). None where nothing priced it (an MTP head
+        or a DFlash drafter: no draft-model step to time)."""
+        source = "model" if config.tool == MLX_LM else (config.source or draft_source)
+        if source == "lookup":
             return self.lookup_cost
+        if source in ("mtp", "dflash") or self.draft_s is None:
+            return None
         return self.draft_cost
 
 
@@ -93,6 +97,8 @@ def theory_rows(
         if k is None or s.judged_acceptance is None or k >= len(curve.relative):
             continue
         c = curve.guess_cost(s.config, draft_source)
+        if c is None:
+            continue
         rows.append(
             TheoryRow(
                 config=s.config,
@@ -127,7 +133,7 @@ def best_k(
 ) -> list[BestK]:
     by_temp: dict[float, list[ConfigSummary]] = defaultdict(list)
     for s in summaries:
-        if s.config.tool == MACSPEC and s.config.k is not None:
+        if s.config.tool == MACSPEC and s.config.k is not None and s.config.source is None:
             by_temp[s.config.temperature].append(s)
     results = []
     for temp, group in by_temp.items():
@@ -136,6 +142,8 @@ def best_k(
         if alpha is None:
             continue
         c = curve.guess_cost(group[0].config, draft_source)
+        if c is None:
+            continue
         k, speedup = predicted_best_k(alpha, c, curve.relative)
         measured = [(s.speedup.median, s.config.k) for s in group if s.speedup]
         top = max(measured, default=None)

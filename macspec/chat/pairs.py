@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from macspec.chat.records import ModelInfo
+from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.loop import Engine
 from macspec.models.build import build_engine
 from macspec.models.catalog import (
@@ -38,9 +39,12 @@ def open_models(
     num_draft_tokens: str | None = None,
     no_draft: bool = False,
     draft: str | None = None,
+    cache_options: CacheOptions | None = None,
 ) -> ChatModels:
     """Load resolved models into an engine (slow: run it off the UI thread)."""
-    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
+    engine, loaded = build_engine(
+        resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE
+    )
     models = ModelInfo(
         target=resolved.target_name,
         draft=resolved.draft_name if engine.drafter is not None else None,

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 EXIT_INTERRUPTED = 130
 
 try:
-    from macspec.cli import bench, chat, models, run  # noqa: F401  (registers its commands)
+    from macspec.cli import bench, chat, models, run, serve  # noqa: F401  (registers its commands)
     from macspec.cli.app import app, run_main
 
     _STARTED = True

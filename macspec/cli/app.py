@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -34,6 +35,8 @@ def fail(message: str) -> None:
 def run_main(argv: Sequence[str] | None = None) -> int:
     """Run the app, printing user errors as one line on stderr, exit 2 (see `macspec.cli.main`,
     the entry point, which imports this)."""
+    # Prompts are short to encode; parallel tokenizers only warn when the process forks later.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = list(argv) if argv is not None else sys.argv[1:]
     for arg in args:
         try:

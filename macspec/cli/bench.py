@@ -61,7 +61,16 @@ def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
         pad_edge=False,
     )
     table.add_column("config", no_wrap=True)
-    for name in ("tok/s", "speedup", "accept", "tok/\npass", "wasted", "k", "TTFT\nms", "peak\nMB"):
+    for name in (
+        "tok/s",
+        "speedup",
+        "accept",
+        "tok/\npass",
+        "k",
+        "wait/\npass",
+        "TTFT\nms",
+        "peak\nMB",
+    ):
         table.add_column(name, justify="right", no_wrap=True)
     refeeds = any(s.refed for s in rows)  # a target that rolls back by restoring checkpoints
     if refeeds:
@@ -74,8 +83,8 @@ def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
             _with_iqr(s.speedup, 2, "x"),
             _share(s.acceptance_rate),
             _num(s.tokens_per_pass),
-            str(s.wasted) if s.proposed else "-",
             _num(s.draft_length, 1) if s.config.draft else "-",
+            _num(s.waits_per_pass),
             "-" if s.ttft_s is None else f"{s.ttft_s.median * 1000:.0f}",
             f"{s.peak_memory_bytes / 1e6:.0f}",
             *refed,
@@ -100,7 +109,7 @@ def _difference(rep: Report, d) -> str:
 
 def lossless_table(rep: Report, groups: list[LosslessSummary]) -> Table:
     table = Table(
-        title="lossless at T=0: identical ids, prompt by prompt",
+        title="lossless: identical ids, prompt by prompt (T>0: coupled, same seed)",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         collapse_padding=True,
@@ -115,7 +124,7 @@ def lossless_table(rep: Report, groups: list[LosslessSummary]) -> Table:
         if len(g.differences) > 4:
             shown.append(f"... {len(g.differences) - 4} more (see --json)")
         table.add_row(
-            g.config.name, g.reference.name, f"[{style}]{verdict}[/]", "; ".join(shown) or "-"
+            g.config.label, g.reference.label, f"[{style}]{verdict}[/]", "; ".join(shown) or "-"
         )
     table.caption = (
         "first differences: prompt#repeat @position: id vs reference id; gap: the target's "
@@ -144,8 +153,13 @@ def curve_table(rep: Report, per_row: int = 8) -> Table:
         table.add_row("T(m)/T(1)", *[f"{curve.relative[m]:.2f}" for m in band])
         table.add_row("ms", *[f"{curve.target_s[m] * 1000:.1f}" for m in band], end_section=True)
     table.caption = (
-        f"draft step: {curve.draft_s * 1000:.2f} ms, c = {curve.draft_cost:.2f} of a target "
-        f"pass; prompt lookup: {curve.lookup_s * 1e6:.1f} us per guessed id, "
+        (
+            f"draft step: {curve.draft_s * 1000:.2f} ms, c = {curve.draft_cost:.2f} of a target "
+            "pass; "
+            if curve.draft_s is not None
+            else "no draft model to time; "
+        )
+        + f"prompt lookup: {curve.lookup_s * 1e6:.1f} us per guessed id, "
         f"c = {curve.lookup_cost:.4f}. "
         "T(m)/T(1) is about m on a CPU, about 1 up to ~8 ids on Apple GPUs."
     )
@@ -206,7 +220,7 @@ def render(rep: Report, console: Console) -> None:
     s = result.settings
     console.print(
         f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
-        f" (macspec drafts by {s.draft_source}); "
+        f" (macspec drafts by {', '.join((s.draft_source, *s.more_sources))}); "
         f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
         f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s",
         highlight=False,
@@ -264,10 +278,22 @@ def bench(
         float, typer.Option("--temp", help="The sampling temperature (T=0 always runs too).")
     ] = 0.7,
     top_p: opt.TopP = 1.0,
-    draft: opt.DraftSource = "model",
+    draft: Annotated[
+        str | None,
+        typer.Option(
+            "--draft",
+            help="macspec's drafters, side by side: a comma list of model, lookup, hybrid, mtp, "
+            "dflash, or 'all' (every drafter the pair has, and lookup) [default: the draft "
+            "folder's kind].",
+        ),
+    ] = None,
     seed: Annotated[
         int, typer.Option("--seed", min=0, max=opt.MAX_SEED, help="Seed of the sampled runs.")
     ] = 0,
+    kv_bits: opt.KvBits = None,
+    kv_group_size: opt.KvGroupSize = 64,
+    quantized_kv_start: opt.QuantizedKvStart = 0,
+    max_kv_size: opt.MaxKvSize = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Passes over the prompt set.")] = 1,
     k: Annotated[
         str | None,
@@ -307,8 +333,16 @@ def bench(
     plain decoding, and this device's verify-cost curve with the speedup it predicts.
     """
     from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
-    from macspec.models.loader import load_models
+    from macspec.models.build import choose_source, drafter_folders, load_drafters
     from macspec.models.templates import encode_prompt
+
+    resolved = resolve_models(pair, model, draft_model)
+    folders = drafter_folders(resolved, "auto")
+    if draft == "all":
+        sources = [k for k in ("model", "mtp", "dflash") if k in folders] + ["lookup"]
+    else:
+        sources = [choose_source(s.strip(), folders) for s in (draft or "").split(",") if s.strip()]
+        sources = list(dict.fromkeys(sources or [choose_source(None, folders)]))
 
     ks = parse_ks(k) if k is not None else ((3,) if quick else (2, 3, 4))
     settings = BenchSettings(
@@ -321,7 +355,9 @@ def bench(
         auto_warm=not quick,
         curve_max_m=max(8 if quick else 16, max(ks) + 1),
         curve_repeats=3 if quick else 7,
-        draft_source=draft,
+        draft_source=sources[0],
+        cache_options=opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size),
+        more_sources=tuple(sources[1:]),
     )
     chosen = (
         prompt_sets.load_prompts(prompts)
@@ -334,11 +370,8 @@ def bench(
         fail(f"--plot writes a PNG file; give a name ending in .png, got {plot_file}")
     if plot_file is not None:
         require_matplotlib()
-    resolved = resolve_models(pair, model, draft_model)
-    if resolved.draft is None:
-        fail("macspec bench needs a draft model: pass --draft-model (or --pair)")
     err = Console(stderr=True)
-    loaded = load_models(resolved.target, resolved.draft)
+    loaded = load_drafters(resolved, folders, set(sources))
     for warning in loaded.warnings:
         err.print(f"macspec: warning: {warning}", highlight=False)
     ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]

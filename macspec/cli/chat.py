@@ -37,6 +37,12 @@ def chat(
     think: opt.Think = None,
     system: opt.System = None,
     chat_template_args: opt.ChatTemplateArgs = None,
+    sampler: opt.Sampler = None,
+    kv_bits: opt.KvBits = None,
+    kv_group_size: opt.KvGroupSize = 64,
+    quantized_kv_start: opt.QuantizedKvStart = 0,
+    max_kv_size: opt.MaxKvSize = None,
+    prefill_step_size: opt.PrefillStepSize = 2048,
     resume: Annotated[
         int | None,
         typer.Option("--resume", "-r", help="Continue the stored conversation with this id."),
@@ -56,7 +62,7 @@ def chat(
     # MLX and mlx-lm load here, not at import: `macspec --help` and `history` stay instant.
     from macspec.chat.session import open_models
     from macspec.engine.loop import GenerationConfig
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.sampling import SamplingParams, choose_sampler
     from macspec.models.build import needs_draft_model
     from macspec.models.templates import template_args
 
@@ -68,7 +74,12 @@ def chat(
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
         stop_strings=opt.stop_strings(stop),
         seed=seed,
+        sampler=sampler,
+        prefill_step_size=prefill_step_size,
     )
+    caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
+    if temp > 0:
+        choose_sampler(sampler, seed)  # before any model loads
     store = Store()
     notes: list[str] = []
     conversation_id = store.latest_conversation_id() if continue_last else resume
@@ -80,7 +91,7 @@ def chat(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
-    loaded = open_models(resolved, num_draft_tokens, no_draft, draft)
+    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches)
 
     from tui.factory import default_pair_loader, make_app  # textual only when the UI runs
 
@@ -92,7 +103,7 @@ def chat(
         config=config,
         context_length=loaded.context_length,
         conversation_id=conversation_id,
-        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft),
+        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft, caches),
         warnings=[*loaded.warnings, *notes],
         system_prompt=system,
         template_args=args,

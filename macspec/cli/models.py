@@ -72,8 +72,8 @@ def _status_rows(statuses: list[PairStatus]) -> list[list[str]]:
     rows = []
     for status in statuses:
         pair, memory = status.pair, status.memory
-        here = [p is not None for p in (status.target_path, status.draft_path)][: len(pair.members)]
-        downloaded = "yes" if all(here) else "partly" if any(here) else "no"
+        missing = len(status.missing)
+        downloaded = "yes" if not missing else "partly" if missing < len(pair.members) else "no"
         on_disk = [s for s in (status.target_size_bytes, status.draft_size_bytes) if s is not None]
         mem = _gb(memory.total_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
         fits = {True: "yes", False: "no", None: "?"}[memory.fits]

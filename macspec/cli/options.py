@@ -80,3 +80,43 @@ def stop_strings(stop: list[str] | None) -> tuple[str, ...]:
     if any(text == "" for text in stop or ()):
         raise MacspecError("--stop needs some text to stop at; an empty --stop is not allowed")
     return tuple(stop or ())
+
+
+Sampler = Annotated[
+    str | None,
+    typer.Option(
+        "--sampler",
+        help="Sampled runs: 'coupled' (the output is exactly plain decoding's with the same "
+        "--seed, whatever drafts) or 'rejection' (keeps the most guesses) [default: coupled "
+        "with a --seed, else rejection].",
+    ),
+]
+KvBits = Annotated[
+    int | None,
+    typer.Option("--kv-bits", help="Quantize the KV cache to 4 or 8 bits (default: off)."),
+]
+KvGroupSize = Annotated[
+    int, typer.Option("--kv-group-size", help="Group size of the KV cache quantization.")
+]
+QuantizedKvStart = Annotated[
+    int,
+    typer.Option(
+        "--quantized-kv-start", help="Quantize a layer's KV cache once it holds this many ids."
+    ),
+]
+MaxKvSize = Annotated[
+    int | None,
+    typer.Option(
+        "--max-kv-size", help="Keep at most this many ids in the KV cache (a sliding window)."
+    ),
+]
+PrefillStepSize = Annotated[
+    int, typer.Option("--prefill-step-size", help="Prompt ids per prefill pass.")
+]
+
+
+def cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size):
+    """The engine's CacheOptions from the flags (validated there, before any model loads)."""
+    from macspec.engine.cached import CacheOptions
+
+    return CacheOptions(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)

@@ -70,6 +70,12 @@ def run(
     think: opt.Think = None,
     system: opt.System = None,
     chat_template_args: opt.ChatTemplateArgs = None,
+    sampler: opt.Sampler = None,
+    kv_bits: opt.KvBits = None,
+    kv_group_size: opt.KvGroupSize = 64,
+    quantized_kv_start: opt.QuantizedKvStart = 0,
+    max_kv_size: opt.MaxKvSize = None,
+    prefill_step_size: opt.PrefillStepSize = 2048,
 ) -> int:
     """Answer one prompt with speculative decoding, streaming the text as it comes.
 
@@ -83,7 +89,7 @@ def run(
 
     from macspec.engine.events import Done, Token
     from macspec.engine.loop import GenerationConfig
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.sampling import SamplingParams, choose_sampler
     from macspec.engine.stats import summary_line
     from macspec.models.build import build_engine, needs_draft_model
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
@@ -96,11 +102,16 @@ def run(
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
         stop_strings=opt.stop_strings(stop),
         seed=seed,
+        sampler=sampler,
+        prefill_step_size=prefill_step_size,
     )
+    caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
+    if temp > 0:
+        choose_sampler(sampler, seed)  # a bad --sampler fails before any model loads
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
-    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft)
+    engine, loaded = build_engine(resolved, num_draft_tokens, no_draft, draft, caches)
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)
@@ -197,6 +208,7 @@ def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str,
         "model": resolved.target_name,
         "draft_model": resolved.draft_name if engine.drafter is not None else None,
         "drafter": engine.drafter.name if engine.drafter is not None else None,
+        "sampler": done.stats.sampler,
         "pair": resolved.pair.name if resolved.pair is not None else None,
         "prompt_tokens": prompt_ids,
         "tokens": done.tokens,

@@ -18,6 +18,7 @@ __getattr__, __all__ = lazy_exports(
         "FixedPolicy": "policy",
         "make_policy": "policy",
         "CachedModel": "cached",
+        "SavedCache": "cached",
         "KeyStream": "sampling",
         "SamplingParams": "sampling",
         "probabilities": "sampling",

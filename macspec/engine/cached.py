@@ -21,7 +21,8 @@ the buffer (once) before writing into it while a checkpoint still holds it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,9 +38,11 @@ from mlx_lm.models.cache import (
 )
 
 from macspec.engine import recurrent
+from macspec.engine.taps import Hidden, HiddenSpec, Taps
 from macspec.errors import MacspecError
 
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 2048
+"""Prompt ids per prefill pass, as mlx-lm's generate: bounded memory, full GPU batches."""
 
 ALWAYS_TRIMMABLE = (KVCache, QuantizedKVCache, ConcatenateKVCache)
 """Cache types whose `trim` is exact at any length: they never need a checkpoint."""
@@ -109,6 +112,49 @@ def trim_layer(layer_cache: Any, n: int) -> None:
     layer_cache._idx = rows
 
 
+@dataclass(frozen=True)
+class CacheOptions:
+    """How a model's cache is made (mlx-lm's flags of the same names)."""
+
+    kv_bits: int | None = None
+    """Quantize attention keys and values to 4 or 8 bits (None: full precision)."""
+    kv_group_size: int = 64
+    """Group size of that quantization."""
+    quantized_kv_start: int = 0
+    """Quantize a layer's cache once it holds this many ids (mlx-lm's default is 5000)."""
+    max_kv_size: int | None = None
+    """Keep at most this many ids per layer: a sliding window (None: all of them)."""
+
+    def __post_init__(self) -> None:
+        if self.kv_bits is not None and self.kv_bits not in (4, 8):
+            raise MacspecError(f"--kv-bits must be 4 or 8, got {self.kv_bits}")
+        if self.kv_group_size not in (32, 64, 128):
+            raise MacspecError(f"--kv-group-size must be 32, 64 or 128, got {self.kv_group_size}")
+        if self.max_kv_size is not None and self.max_kv_size < 1:
+            raise MacspecError(f"--max-kv-size must be positive, got {self.max_kv_size}")
+        if self.quantized_kv_start < 0:
+            raise MacspecError("--quantized-kv-start must not be negative")
+
+    def make(self, model: nn.Module) -> list[Any]:
+        return make_prompt_cache(model, max_kv_size=self.max_kv_size)
+
+    def quantize(self, cache: list[Any]) -> None:
+        """Turn full attention caches that hold enough ids into quantized ones, as mlx-lm's
+        generate does after every pass (sliding windows stay as they are: mlx-lm cannot
+        quantize them)."""
+        if self.kv_bits is None:
+            return
+        for i, layer_cache in enumerate(cache):
+            if type(layer_cache) is KVCache and layer_cache.offset >= self.quantized_kv_start:
+                cache[i] = layer_cache.to_quantized(
+                    group_size=self.kv_group_size, bits=self.kv_bits
+                )
+
+
+DEFAULT_CACHE = CacheOptions()
+"""Full-precision caches that keep every id."""
+
+
 @dataclass
 class Checkpoint:
     """The state of the layers that cannot trim, after the first `length` ids."""
@@ -119,13 +165,34 @@ class Checkpoint:
     """Layer index -> a snapshot of that layer cache's attributes."""
 
 
+@dataclass(frozen=True)
+class SavedCache:
+    """A CachedModel's whole state at one moment, for `CachedModel.load` to return to later
+    (a server keeping several conversations' caches). Holds new handles, not copies: MLX copies
+    a buffer only when the live cache then writes into it."""
+
+    tokens: tuple[int, ...]
+    """The ids the cache had seen."""
+    cache: list[Any]
+    """A snapshot of every layer's cache."""
+    checkpoints: dict[str, Checkpoint]
+    """The checkpoints it held (they are never changed in place, so they are shared)."""
+
+
 class CachedModel:
     """A language model, its cache, and `tokens`: exactly the ids the cache has seen."""
 
-    def __init__(self, model: nn.Module, name: str = "model", cache: list[Any] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        name: str = "model",
+        cache: list[Any] | None = None,
+        options: CacheOptions = DEFAULT_CACHE,
+    ):
         self.model = model
         self.name = name
-        self.cache = cache if cache is not None else make_prompt_cache(model)
+        self.options = options
+        self.cache = cache if cache is not None else options.make(model)
         self._tokens: list[int] = []
         # Ids fed as unevaluated arrays (a draft feeding its own guesses), resolved on demand
         # so drafting never waits for a sync just to keep this bookkeeping.
@@ -137,6 +204,13 @@ class CachedModel:
         self._record_next = False
         self._pass: tuple[int, int, recurrent.PassRecord] | None = None
         """(ids before, ids fed, record) of the last pass, when it was recorded."""
+        self._taps: Taps | None = None
+        self._hidden_sink: Callable[[int, Hidden], None] | None = None
+
+    def tap(self, spec: HiddenSpec, sink: Callable[[int, Hidden], None]) -> None:
+        """Hand every pass's hidden states (as `spec` asks) to `sink(first position, hidden)`."""
+        self._taps = Taps(self.model, spec)
+        self._hidden_sink = sink
 
     @property
     def tokens(self) -> list[int]:
@@ -177,20 +251,28 @@ class CachedModel:
         else:
             array = mx.array(list(ids), mx.uint32)
             self.tokens.extend(ids)
-        self._pass = None
-        if self._record_next:
-            self._record_next = False
-            with recurrent.recording(recurrent.PassRecord()) as record:
-                logits = self.model(array[None], cache=self.cache)[0]
+        self._pass, record, hidden = None, None, None
+        with ExitStack() as stack:
+            if self._record_next:  # the verify pass after a checkpoint (see recurrent.py)
+                self._record_next = False
+                record = stack.enter_context(recurrent.recording(recurrent.PassRecord()))
+            if self._taps is not None:  # a drafter reads this pass's hidden states
+                hidden = stack.enter_context(self._taps.record())
+            logits = self.model(array[None], cache=self.cache)[0]
+        self.options.quantize(self.cache)
+        if record is not None:
             self._pass = (before, len(self) - before, record)
-            return logits
-        return self.model(array[None], cache=self.cache)[0]
+        if hidden is not None and self._hidden_sink is not None:
+            self._hidden_sink(before, hidden)
+        return logits
 
-    def prefill(self, ids: Sequence[int]) -> None:
-        """Feed ids in chunks, evaluating as it goes so memory stays bounded on long prompts."""
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            self.forward(ids[start : start + PREFILL_CHUNK])
+    def prefill(self, ids: Sequence[int], step: int = PREFILL_CHUNK) -> None:
+        """Feed ids in chunks of `step`, evaluating as it goes so memory stays bounded on long
+        prompts; MLX's buffer cache is emptied after each chunk, as mlx-lm does."""
+        for start in range(0, len(ids), step):
+            self.forward(ids[start : start + step])
             mx.eval([c.state for c in self.cache])
+            mx.clear_cache()
 
     # -- rollback ------------------------------------------------------------------------------
     def checkpoint(self, slot: str = "cycle") -> None:
@@ -270,7 +352,7 @@ class CachedModel:
     def _restore(self, length: int) -> int:
         usable = [c for c in self._checkpoints.values() if c.length <= length]
         if not usable:  # nothing to return to: start this model's cache over
-            self.cache = make_prompt_cache(self.model)
+            self.cache = self.options.make(self.model)
             self._tokens, self._lazy, self._checkpoints = [], [], {}
             return 0
         checkpoint = max(usable, key=lambda c: c.length)
@@ -311,3 +393,15 @@ class CachedModel:
             shared += 1
         held = self.trim_to(shared)
         return list(prompt[held:])
+
+    # -- saving a whole state ------------------------------------------------------------------
+    def save(self) -> SavedCache:
+        """The state now, to `load` later; TypeError for a cache that cannot be snapshot."""
+        return SavedCache(tuple(self.tokens), snapshot(self.cache), dict(self._checkpoints))
+
+    def load(self, saved: SavedCache) -> None:
+        """Return to a saved state (which stays valid: it can be loaded again)."""
+        self.cache = snapshot(saved.cache)
+        self._tokens, self._lazy = list(saved.tokens), []
+        self._checkpoints = dict(saved.checkpoints)
+        self._pass, self._record_next = None, False

@@ -33,6 +33,9 @@ class Cycle:
     """Which drafter's guesses these were ('model', 'lookup'); None when nothing was proposed."""
     fed: int = 0
     """Ids the target's pass processed: the ids still to feed, then the guesses."""
+    timed: bool = True
+    """Whether draft_s and verify_s time drafting and verifying apart (a probe cycle, or a
+    plain step); other cycles wait once, so only their whole time (verify_s) is known."""
     refed: int = 0
     """Of those, ids fed again after a checkpoint was restored (recurrent or wrapped
     sliding-window caches roll back that way); 0 for attention-only models."""

@@ -13,18 +13,23 @@ from typing import Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine.cached import CachedModel
-from macspec.engine.sampling import SamplingParams, probabilities, sample
+from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
+from macspec.engine.sampling import Draws, SamplingParams, probabilities
 
 
 @dataclass
 class Draft:
     """One cycle's guesses."""
 
-    tokens: list[int]
-    """The guessed ids, in order (possibly fewer than asked for)."""
+    tokens: list[int] | mx.array
+    """The guessed ids, in order (possibly fewer than asked for): a list, or a (k,) array still
+    on the device, which the engine reads with the verdict, in the cycle's one wait. After the
+    cycle the engine sets it to the list of guesses that counted."""
     q: mx.array | None = None
     """(len(tokens), V) distributions the guesses were drawn from; None: deterministic guesses."""
+    confidence: mx.array | None = None
+    """(len(tokens),) the drafter's top probability at each guess, for the policy's confidence
+    floor (applied on the device: guesses from the first one below it on do not count)."""
     steps: int = 0
     """Forward passes the drafter ran (its cost, for the draft-length policy)."""
     fed: int = 0
@@ -47,13 +52,13 @@ class Drafter(Protocol):
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         """Guess up to k tokens after `context` (prompt + all committed tokens).
 
         With a `confidence_floor`, stop before a guess whose top probability falls below it.
-        `key` is set when sampling (params.temperature > 0).
+        `draws` turns distributions into guesses when sampling (params.temperature > 0).
         """
 
     def rollback(self, keep: int) -> None:
@@ -65,8 +70,14 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, model: nn.Module, vocab_size: int | None = None, cache: list | None = None):
-        self.state = CachedModel(model, name="draft model", cache=cache)
+    def __init__(
+        self,
+        model: nn.Module,
+        vocab_size: int | None = None,
+        cache: list | None = None,
+        options: CacheOptions = DEFAULT_CACHE,
+    ):
+        self.state = CachedModel(model, name="draft model", cache=cache, options=options)
         self.state.require_rollback()
         self.vocab_size = vocab_size
         """Logits beyond this id are cut off, so p and q share one support."""
@@ -84,38 +95,48 @@ class ModelDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         self.state.checkpoint()  # a recurrent draft returns here after its guesses are judged
         feed: Sequence[int] | mx.array = context[len(self.state) :]
         fed = len(feed)
-        guesses: list[mx.array] = []
-        dists: list[mx.array] = []
-        keys = mx.random.split(key, k) if key is not None else None
-        steps = 0
+        steps: list[tuple[mx.array, mx.array]] = []
         for i in range(k):
-            steps += 1
             logits = self.state.forward(feed)[-1:, : self.vocab_size]
             if params.greedy:
-                q, token = None, mx.argmax(logits, axis=-1)
+                token, row = mx.argmax(logits, axis=-1), logits
             else:
-                q = probabilities(logits, params)
-                token = sample(q, keys[i])
-            if confidence_floor is not None:
-                dist = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
-                if dist.max().item() < confidence_floor:
-                    break
-            guesses.append(token)
-            if q is not None:
-                dists.append(q)
+                row = probabilities(logits, params)
+                token = draws(row, i)
+            steps.append((token, row))
             if i + 1 < k:
                 # The last guess needs no forward pass of its own: the target scores it.
                 feed = token.astype(mx.uint32)
                 fed += 1
                 mx.async_eval(feed)
-        tokens = mx.concatenate(guesses).tolist() if guesses else []
-        q = mx.concatenate(dists, axis=0) if dists else None
-        if q is not None:
-            mx.eval(q)
-        return Draft(tokens=tokens, q=q, steps=steps, fed=fed, source=self.name)
+        return device_draft(steps, params, confidence_floor, k, fed, self.name)
+
+
+def device_draft(
+    steps: list[tuple[mx.array, mx.array]],
+    params: SamplingParams,
+    confidence_floor: float | None,
+    forward_passes: int,
+    fed: int,
+    source: str,
+) -> Draft:
+    """A Draft from guesses still on the device: nothing is read here.
+
+    steps: (token (1,), logits (1, V) when greedy else q (1, V)) per guess.
+    """
+    if not steps:
+        return Draft(tokens=[], steps=forward_passes, fed=fed, source=source)
+    tokens = mx.concatenate([token for token, _ in steps]).astype(mx.uint32)
+    rows = mx.concatenate([row for _, row in steps], axis=0)
+    q = None if params.greedy else rows
+    confidence = None
+    if confidence_floor is not None:
+        dist = rows if q is not None else mx.softmax(rows.astype(mx.float32), axis=-1)
+        confidence = dist.max(axis=-1)
+    return Draft(tokens, q, confidence, steps=forward_passes, fed=fed, source=source)

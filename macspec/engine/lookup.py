@@ -16,10 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import mlx.core as mx
-
 from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.sampling import Draws, SamplingParams
 from macspec.engine.stats import Ema
 
 
@@ -166,7 +164,7 @@ class LookupDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         # Deterministic guesses have no confidence to stop on: `confidence_floor` is unused.
@@ -182,8 +180,8 @@ class _Pending:
     """Length of the context they were guessed after."""
     source: str
     """'lookup' or 'model': who was asked."""
-    guess: list[int]
-    """What was proposed."""
+    draft: Draft
+    """What was proposed (its tokens: the guesses that counted, once the engine read them)."""
     lookup_guess: list[int] | None
     """The long lookup match there was (proposed or not); None when there was none."""
 
@@ -260,7 +258,7 @@ class HybridDrafter:
         context: Sequence[int],
         k: int,
         params: SamplingParams,
-        key: mx.array | None,
+        draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
         self._learn(context)
@@ -271,9 +269,9 @@ class HybridDrafter:
         if long is not None and self.prefers_lookup():
             draft = Draft(tokens=long.tokens, q=None, source=self.lookup.name)
         else:
-            draft = self.model.propose(context, k, params, key, confidence_floor)
+            draft = self.model.propose(context, k, params, draws, confidence_floor)
         lookup_guess = long.tokens if long is not None else None
-        self._pending = _Pending(len(context), draft.source, draft.tokens, lookup_guess)
+        self._pending = _Pending(len(context), draft.source, draft, lookup_guess)
         return draft
 
     def _learn(self, context: Sequence[int]) -> None:
@@ -282,5 +280,5 @@ class HybridDrafter:
             return  # only contexts with a long match inform the choice
         committed = context[pending.at :]
         if pending.source == "model":
-            self.kept["model"].add(_kept(pending.guess, committed))
+            self.kept["model"].add(_kept(list(pending.draft.tokens), committed))
         self.kept["lookup"].add(_kept(pending.lookup_guess, committed))

@@ -14,16 +14,22 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine.cached import CachedModel
-from macspec.engine.drafters import Draft, Drafter
+from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
+from macspec.engine.drafters import Drafter
 from macspec.engine.events import Cycle, Done, Event, Source, Token
 from macspec.engine.policy import AutoPolicy, DraftPolicy
-from macspec.engine.sampling import KeyStream, SamplingParams, probabilities, sample
+from macspec.engine.sampling import Randomness, SamplingParams, choose_sampler, probabilities
 from macspec.engine.stats import Stats
 from macspec.engine.stops import StopScanner
-from macspec.engine.verify import Verdict, verify_greedy, verify_sampled
+from macspec.engine.verify import greedy_verdict, sampled_verdict
+from macspec.engine.wired import wired_limit
 from macspec.errors import MacspecError
 
+CLEAR_CACHE_EVERY = 256
+"""Decoded ids between emptyings of MLX's buffer cache (mlx-lm's generate does the same)."""
+PROBE_EVERY = 8
+"""Every this many speculative cycles (and the first few), one waits after drafting too, so
+drafting and verifying are timed apart for the policy; the others wait once."""
 MAX_REFEED = 8
 """Most ids a verify pass feeds again after checkpoint restores before a plain step catches up."""
 
@@ -43,10 +49,17 @@ class GenerationConfig:
     context_length: int | None = None
     """Tokens the model can attend to, prompt included; the answer stops there (finish
     reason 'context') and a prompt that fills it is refused. None: no limit."""
+    prefill_step_size: int = 2048
+    """Prompt ids per prefill pass (mlx-lm's --prefill-step-size)."""
+    sampler: str | None = None
+    """Sampled runs: 'coupled' (output identical to plain decoding with the seed, whatever
+    drafts) or 'rejection' (the most guesses kept); None: coupled with a seed, else rejection."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise MacspecError(f"--max-tokens must be >= 1, got {self.max_tokens}")
+        if self.prefill_step_size < 1:
+            raise MacspecError(f"--prefill-step-size must be >= 1, got {self.prefill_step_size}")
 
 
 @dataclass
@@ -69,26 +82,39 @@ class Engine:
         drafter: Drafter | None = None,
         policy: DraftPolicy | None = None,
         vocab_size: int | None = None,
+        cache_options: CacheOptions = DEFAULT_CACHE,
     ):
-        self.target = CachedModel(target, name="target model")
+        self.target = CachedModel(target, name="target model", options=cache_options)
         if drafter is not None:
             self.target.require_rollback()
+            needs = getattr(drafter, "needs", None)
+            if needs is not None:  # the drafter reads the target's hidden states
+                self.target.tap(needs, drafter.add_hidden)
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self._eos = mx.array(sorted(self.eos_ids), mx.int32)
+        self._cycles_run = 0
         self.drafter = drafter
         self.policy = policy if policy is not None or drafter is None else AutoPolicy()
         self.vocab_size = vocab_size
         """Ids both models score (the draft's embedding table may be padded differently)."""
 
+    def cached_models(self) -> list[CachedModel]:
+        """Every model cache the engine keeps: the target's, and the draft model's if any
+        (a hybrid drafter holds its model drafter as `model`)."""
+        inner = getattr(self.drafter, "model", None)
+        states = [getattr(d, "state", None) for d in (self.drafter, inner)]
+        return [self.target, *(s for s in states if isinstance(s, CachedModel))]
+
     # -- the raw loop --------------------------------------------------------------------
     def _cycles(
-        self, prompt: list[int], config: GenerationConfig, keys: KeyStream | None, stats: Stats
+        self, prompt: list[int], config: GenerationConfig, rng: Randomness | None, stats: Stats
     ) -> Iterator[Cycle | tuple[int, Source]]:
         target, drafter, params = self.target, self.drafter, config.sampling
         started = time.perf_counter()
         pending = target.reuse(prompt)
         stats.prefilled_tokens = len(pending)
-        target.prefill(pending[:-1])
+        target.prefill(pending[:-1], config.prefill_step_size)
         # Where the next chat turn can return to if its prompt differs after this one (a model
         # with recurrent layers cannot trim back to it); free for attention-only models.
         target.checkpoint("prompt")
@@ -110,58 +136,28 @@ class Engine:
                 # The target adds one token of its own: never guess past max_tokens.
                 k = min(requested, config.max_tokens - progress.delivered - 1)
                 if k <= 0:
-                    yield from self._plain_stretch(context, config, keys, progress, requested)
+                    yield from self._plain_stretch(context, config, rng, progress, requested)
                     continue
                 if len(context) - len(target) > MAX_REFEED:
                     # Restores in a row (recurrent layers without an exact rewind) have piled up
                     # ids to feed again: catch up with a plain step, which yields a token of its
                     # own, rather than widen every pass. Then draft as the policy asked.
                     yield from self._plain_stretch(
-                        context, config, keys, progress, requested, once=True
+                        context, config, rng, progress, requested, once=True
                     )
                     progress.decided = requested
                     continue
 
                 # Draft, verify all guesses in one target pass, accept, roll back.
-                key = keys.next() if keys is not None else None
-                draft = drafter.propose(context, k, params, key, self.policy.confidence_floor)
-                draft = self._cut_at_eos(draft)
-                drafted = time.perf_counter()
-
-                guesses = draft.tokens
-                # Ids after a restored checkpoint are fed again here, in the same pass.
-                pending = context[len(target) :]
-                target.checkpoint()
-                logits = target.forward(pending + guesses)
-                logits = logits[-(len(guesses) + 1) :, : self.vocab_size]
-                verdict = self._verify(logits, draft, params, keys)
-                verified = time.perf_counter()
-
-                n = verdict.accepted
-                # Keep the kept guesses (the new token is fed next cycle); a recurrent model
-                # returns to the checkpoint instead and feeds the kept ones again then.
-                target.trim_to(len(context) + n)
-                context += guesses[:n] + [verdict.token]
-                drafter.rollback(len(context) - 1)
-                cycle = Cycle(
-                    requested=requested,
-                    proposed=len(guesses),
-                    accepted=n,
-                    draft_s=drafted - begun,
-                    verify_s=verified - drafted,
-                    overhead_s=time.perf_counter() - verified,
-                    draft_steps=draft.steps,
-                    draft_fed=draft.fed,
-                    draft_source=draft.source if guesses else None,
-                    fed=len(pending) + len(guesses),
-                    refed=len(pending) - 1,
-                )
+                cycle, kept = self._speculate(context, k, requested, params, rng, begun)
                 self.policy.observe(cycle)
                 # The record comes first: a consumer that stops mid-cycle has still counted it.
                 yield cycle
-                for i, token in enumerate(guesses[:n] + [verdict.token]):
+                for i, token in enumerate(kept):
                     progress.delivered += 1
-                    yield token, (Source.DRAFT if i < n else Source.TARGET)
+                    yield token, (Source.DRAFT if i < len(kept) - 1 else Source.TARGET)
+                    if progress.delivered % CLEAR_CACHE_EVERY == 0:
+                        mx.clear_cache()
         finally:
             # Closed early (EOS, stop string, cancel, Ctrl-C): drop what was not delivered.
             keep = len(prompt) + progress.delivered - 1
@@ -173,7 +169,7 @@ class Engine:
         self,
         context: list[int],
         config: GenerationConfig,
-        keys: KeyStream | None,
+        rng: Randomness | None,
         progress: _Progress,
         requested: int,
         once: bool = False,
@@ -188,7 +184,8 @@ class Engine:
         params = config.sampling
         begun = time.perf_counter()
         pending = context[len(self.target) :]
-        token = self._plain_step(pending, params, keys)
+        position = len(context)  # of the token this step produces
+        token = self._plain_step(pending, params, rng, position)
         mx.async_eval(token)
         while True:
             following = None
@@ -196,7 +193,7 @@ class Engine:
                 if self.drafter is not None:
                     progress.decided = self.policy.draft_length() or None
                 if progress.decided is None:
-                    following = self._plain_step(token, params, keys)
+                    following = self._plain_step(token, params, rng, position + 1)
                     mx.async_eval(following)
             value = token.item()
             now = time.perf_counter()
@@ -219,32 +216,104 @@ class Engine:
             yield cycle
             progress.delivered += 1
             yield value, Source.TARGET
+            if progress.delivered % CLEAR_CACHE_EVERY == 0:
+                mx.clear_cache()  # MLX's buffer cache, as mlx-lm's generate does
             if following is None:
                 return
-            token, requested = following, 0
+            token, requested, position = following, 0, position + 1
 
     def _plain_step(
-        self, ids: list[int] | mx.array, params: SamplingParams, keys: KeyStream | None
+        self,
+        ids: list[int] | mx.array,
+        params: SamplingParams,
+        rng: Randomness | None,
+        position: int,
     ) -> mx.array:
-        """Feed ids to the target; the next token as an unevaluated (1,) array."""
+        """Feed ids to the target; its token at `position` as an unevaluated (1,) array."""
         logits = self.target.forward(ids)[-1:, : self.vocab_size]
         if params.greedy:
             return mx.argmax(logits, axis=-1)
-        return sample(probabilities(logits, params), keys.next())
+        return rng.pick(probabilities(logits, params), position)
 
-    def _cut_at_eos(self, draft: Draft) -> Draft:
-        for i, token in enumerate(draft.tokens):
-            if token in self.eos_ids:  # nothing after an end of sequence can be used
-                q = draft.q[: i + 1] if draft.q is not None else None
-                return replace(draft, tokens=draft.tokens[: i + 1], q=q)
-        return draft
-
-    def _verify(
-        self, logits: mx.array, draft: Draft, params: SamplingParams, keys: KeyStream | None
-    ) -> Verdict:
+    def _speculate(
+        self,
+        context: list[int],
+        k: int,
+        requested: int,
+        params: SamplingParams,
+        rng: Randomness | None,
+        begun: float,
+    ) -> tuple[Cycle, list[int]]:
+        """One cycle: draft, verify in one target pass, accept, roll back. The guesses stay on
+        the device into the verify pass, and the verdict is read with them: one wait. A probe
+        cycle now and then waits after drafting too, to time drafting and verifying apart."""
+        target = self.target
+        draws = rng.draws(k, len(context)) if rng is not None else None
+        self._cycles_run += 1
+        timed = self._cycles_run <= 4 or self._cycles_run % PROBE_EVERY == 0
+        draft = self.drafter.propose(context, k, params, draws, self.policy.confidence_floor)
+        guesses = draft.tokens
+        if not isinstance(guesses, mx.array):
+            guesses = mx.array(list(guesses), mx.uint32)
+        if timed:
+            mx.eval(guesses)
+        drafted = time.perf_counter()
+        pending = context[len(target) :]  # after a restored checkpoint: ids to feed again
+        target.checkpoint()
+        ids = mx.concatenate([mx.array(pending, mx.uint32), guesses.astype(mx.uint32)])
+        logits = target.forward(ids)[-(guesses.size + 1) :, : self.vocab_size]
+        cut = self._cut(guesses, draft.confidence)
         if params.greedy:
-            return verify_greedy(logits, draft.tokens)
-        return verify_sampled(probabilities(logits, params), draft.q, draft.tokens, keys.next())
+            accepted, token = greedy_verdict(logits, guesses, cut)
+        elif rng.noise is not None:  # coupled: the target's own seeded picks, kept while equal
+            scores = mx.log(probabilities(logits, params))
+            scores = scores + rng.noise.rows(len(context), scores.shape[0], scores.shape[-1])
+            accepted, token = greedy_verdict(scores, guesses, cut)
+        else:
+            p = probabilities(logits, params)
+            accepted, token = sampled_verdict(p, draft.q, guesses, cut, rng.keys.next())
+        # The cycle's one wait: how many guesses count, the verdict, and the guesses.
+        head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
+        read = mx.concatenate([head, guesses.astype(mx.int32)]).tolist()
+        verified = time.perf_counter()
+        cut, n, token, counted = read[0], read[1], read[2], read[3 : 3 + read[0]]
+        draft.tokens = counted  # what the drafter proposed that counted, now known
+        # Keep the kept guesses (the new token is fed next cycle); a recurrent model returns
+        # to the checkpoint instead and feeds the kept ones again then.
+        target.trim_to(len(context) + n)
+        kept = counted[:n] + [token]
+        context += kept
+        self.drafter.rollback(len(context) - 1)
+        cycle = Cycle(
+            requested=requested,
+            proposed=cut,
+            accepted=n,
+            draft_s=drafted - begun if timed else 0.0,
+            verify_s=verified - (drafted if timed else begun),
+            overhead_s=time.perf_counter() - verified,
+            draft_steps=draft.steps,
+            draft_fed=draft.fed,
+            draft_source=draft.source if cut else None,
+            fed=len(pending) + guesses.size,
+            refed=len(pending) - 1,
+            timed=timed,
+        )
+        return cycle, kept
+
+    def _cut(self, guesses: mx.array, confidence: mx.array | None) -> mx.array:
+        """How many guesses count, on the device: up to the first one the drafter was less sure
+        of than the policy's floor, and through the first end of sequence."""
+        k = guesses.size
+        cut = mx.array(k, mx.int32)
+        floor = self.policy.confidence_floor
+        if confidence is not None and floor is not None:
+            sure = mx.cumprod((confidence >= floor).astype(mx.int32)).sum()
+            cut = mx.minimum(cut, sure)
+        if k and self._eos.size:
+            is_eos = (guesses[:, None].astype(mx.int32) == self._eos[None]).any(axis=-1)
+            first = mx.where(is_eos.any(), mx.argmax(is_eos).astype(mx.int32) + 1, k)
+            cut = mx.minimum(cut, first)
+        return cut
 
     # -- events ----------------------------------------------------------------------------
     def generate(
@@ -277,7 +346,10 @@ class Engine:
             else:
                 context_room = None  # max_tokens comes first
         stats = Stats(prompt_tokens=len(prompt))
-        keys = None if config.sampling.greedy else KeyStream(config.seed)
+        rng = None
+        if not config.sampling.greedy:
+            rng = Randomness(choose_sampler(config.sampler, config.seed), config.seed)
+            stats.sampler = rng.sampler
         detokenizer = self.tokenizer.detokenizer
         detokenizer.reset()
         scanner = StopScanner(config.stop_strings)
@@ -287,36 +359,37 @@ class Engine:
         started = time.perf_counter()
         first_at = last_at = None
 
-        raw = self._cycles(prompt, config, keys, stats)
-        try:
-            for item in raw:
-                if isinstance(item, Cycle):
-                    stats.add_cycle(item)
-                    yield item
-                    continue
-                token, source = item
-                last_at = time.perf_counter()
-                if first_at is None:
-                    first_at = last_at
-                if token in self.eos_ids:
-                    finish = "stop"
-                    break
-                tokens.append(token)
-                sources.append(source)
-                detokenizer.add_token(token)
-                text, hit = scanner.feed(detokenizer.text)
-                yield Token(token, text, source)
-                if hit:
-                    finish, stopped_at = "stop_string", scanner.released
-                    break
-                if len(tokens) >= config.max_tokens:
-                    finish = "length" if context_room is None else "context"
-                    break
-                if cancelled is not None and cancelled():
-                    finish = "cancelled"
-                    break
-        finally:
-            raw.close()
+        raw = self._cycles(prompt, config, rng, stats)
+        with wired_limit():  # Metal: the weights stay wired while generating
+            try:
+                for item in raw:
+                    if isinstance(item, Cycle):
+                        stats.add_cycle(item)
+                        yield item
+                        continue
+                    token, source = item
+                    last_at = time.perf_counter()
+                    if first_at is None:
+                        first_at = last_at
+                    if token in self.eos_ids:
+                        finish = "stop"
+                        break
+                    tokens.append(token)
+                    sources.append(source)
+                    detokenizer.add_token(token)
+                    text, hit = scanner.feed(detokenizer.text)
+                    yield Token(token, text, source)
+                    if hit:
+                        finish, stopped_at = "stop_string", scanner.released
+                        break
+                    if len(tokens) >= config.max_tokens:
+                        finish = "length" if context_room is None else "context"
+                        break
+                    if cancelled is not None and cancelled():
+                        finish = "cancelled"
+                        break
+            finally:
+                raw.close()
 
         detokenizer.finalize()
         full_text = detokenizer.text
@@ -324,6 +397,9 @@ class Engine:
         ended = time.perf_counter()
         stats.generated_tokens = len(tokens)
         stats.elapsed_s = ended - started
+        reason = getattr(self.policy, "reason", None)  # --draft auto: which drafter, and why
+        if reason is not None:
+            stats.drafter_choice = reason
         if first_at is not None:
             stats.ttft_s = first_at - started
             stats.decode_s = last_at - first_at

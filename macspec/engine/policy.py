@@ -176,6 +176,15 @@ class AutoPolicy:
         return min(self.max_k, k + 1) if self._probe_up else k - 1
 
     def observe(self, cycle: Cycle) -> None:
+        if cycle.timed:  # probe cycles time drafting and verifying apart; others wait once
+            self._observe_times(cycle)
+        for i in range(1, cycle.proposed + 1):
+            self._reached[i] = self._reached[i] * self.memory + 1
+            self._kept[i] = self._kept[i] * self.memory + (1 if i <= cycle.accepted else 0)
+            if i > cycle.accepted:
+                break  # later guesses were never judged
+
+    def _observe_times(self, cycle: Cycle) -> None:
         # A pass over m ids: the guesses and the ids before them (more after a restore).
         m = cycle.fed or cycle.proposed + 1
         self._pass_time[min(m, self.max_k + 1)].add(cycle.verify_s)
@@ -184,11 +193,6 @@ class AutoPolicy:
             # Cost per guess: a model's forward step, or next to nothing for a lookup.
             # Catch-up passes after plain steps are not what a guess costs: skip those.
             self._draft_step.add(cycle.draft_s / max(cycle.draft_steps, cycle.proposed, 1))
-        for i in range(1, cycle.proposed + 1):
-            self._reached[i] = self._reached[i] * self.memory + 1
-            self._kept[i] = self._kept[i] * self.memory + (1 if i <= cycle.accepted else 0)
-            if i > cycle.accepted:
-                break  # later guesses were never judged
 
 
 def make_policy(spec: str | int, max_k: int = 8) -> DraftPolicy:

@@ -91,3 +91,101 @@ class KeyStream:
     def next(self) -> mx.array:
         self._key, key = mx.random.split(self._key)
         return key
+
+
+# -- coupled sampling: the same noise for the target and every drafter ----------------------------
+_U32 = mx.uint32
+
+
+def _mix(x: mx.array) -> mx.array:
+    """A 32-bit integer hash (Wellons' lowbias32): neighbouring inputs give unrelated outputs."""
+    x = x ^ (x >> 16)
+    x = x * mx.array(0x7FEB352D, _U32)
+    x = x ^ (x >> 15)
+    x = x * mx.array(0x846CA68B, _U32)
+    return x ^ (x >> 16)
+
+
+class CoupledNoise:
+    """Gumbel noise that depends only on (seed, absolute position, token id).
+
+    Every sampler in a seeded run picks argmax(log p~ + g(seed, position)): plain decoding, the
+    verifier, and every drafter with the same g. The target's token at each position is then its
+    own seeded sample, whatever drafted, however positions were grouped into passes; its
+    distribution is exactly p~ (the Gumbel-max trick); a guess is kept when it equals the
+    target's pick (Daliri, Musco and Suresh 2024: drafter-invariant speculative decoding).
+    Computed on the device, for the positions a pass scores: no wait.
+    """
+
+    def __init__(self, seed: int):
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+        self.seed = seed
+        low, high = seed & 0xFFFFFFFF, seed >> 32
+        self._base = _mix(_mix(mx.array(low, _U32)) ^ mx.array(high, _U32))
+
+    def rows(self, first: int, count: int, vocab: int) -> mx.array:
+        """(count, vocab) Gumbel noise for positions first .. first + count - 1."""
+        positions = mx.arange(first, first + count, dtype=_U32)[:, None]
+        ids = mx.arange(vocab, dtype=_U32)[None, :]
+        h = _mix(self._base ^ _mix(positions * mx.array(0x9E3779B9, _U32) + 1))
+        h = _mix(h ^ (ids * mx.array(0x85EBCA6B, _U32)))
+        u = ((h >> 8).astype(mx.float32) + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
+        return -mx.log(-mx.log(u))
+
+    def choose(self, probs: mx.array, first: int) -> mx.array:
+        """(n, V) probabilities for positions first .. -> (n,) ids: argmax(log p + g)."""
+        return mx.argmax(mx.log(probs) + self.rows(first, probs.shape[0], probs.shape[-1]), axis=-1)
+
+
+class Draws:
+    """How a drafter turns one cycle's distributions into guesses: categorical draws with split
+    keys (the rejection rule), or the coupled sampler's argmax at each guess's position."""
+
+    def __init__(
+        self, count: int, key: mx.array | None = None, noise: CoupledNoise | None = None,
+        first: int = 0,
+    ):  # fmt: skip
+        self.noise, self.first = noise, first
+        self.keys = mx.random.split(key, count) if key is not None and count else None
+
+    def __call__(self, probs: mx.array, i: int) -> mx.array:
+        """The i-th guess, from probs (1, V)."""
+        if self.noise is not None:
+            return self.noise.choose(probs, self.first + i)
+        return sample(probs, self.keys[i])
+
+
+SAMPLERS = ("coupled", "rejection")
+"""`--sampler`: how sampled runs verify (greedy runs need neither)."""
+
+
+def choose_sampler(sampler: str | None, seed: int | None) -> str:
+    """`--sampler`, or the default: the coupled rule with a seed, the rejection rule without."""
+    if sampler is not None and sampler not in SAMPLERS:
+        raise MacspecError(f"--sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    if sampler == "coupled" and seed is None:
+        raise MacspecError("--sampler coupled needs a --seed (its noise is keyed by the seed)")
+    return sampler or ("coupled" if seed is not None else "rejection")
+
+
+class Randomness:
+    """A sampled run's randomness: a key stream (the rejection rule, any seed or none), or the
+    coupled noise (a seed: output identical to plain decoding with that seed)."""
+
+    def __init__(self, sampler: str, seed: int | None):
+        self.sampler = sampler
+        self.keys = KeyStream(seed) if sampler == "rejection" else None
+        self.noise = CoupledNoise(seed) if sampler == "coupled" else None
+
+    def pick(self, probs: mx.array, position: int) -> mx.array:
+        """The target's token at `position` from probs (1, V)."""
+        if self.noise is not None:
+            return self.noise.choose(probs, position)
+        return sample(probs, self.keys.next())
+
+    def draws(self, count: int, first: int) -> Draws:
+        """A drafter's draws for `count` guesses at positions first, first + 1, ..."""
+        if self.noise is not None:
+            return Draws(count, noise=self.noise, first=first)
+        return Draws(count, key=self.keys.next())

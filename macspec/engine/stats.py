@@ -30,6 +30,10 @@ class Stats:
     """Ids the target processed in its passes after prefill (verify passes and plain steps)."""
     refed_tokens: int = 0
     """Of those, ids fed again after a checkpoint was restored (recurrent caches)."""
+    sampler: str | None = None
+    """How a sampled run chose its tokens: 'coupled' or 'rejection'; None when greedy."""
+    drafter_choice: str | None = None
+    """With --draft auto: the drafter picked last, and the measured rates it was picked by."""
     accepted_histogram: list[int] = field(default_factory=list)
     """accepted_histogram[n]: cycles that proposed something and kept exactly n guesses."""
     ttft_s: float = 0.0
@@ -91,6 +95,8 @@ class Stats:
             "accepted_histogram": list(self.accepted_histogram),
             "target_fed_tokens": self.target_fed_tokens,
             "refed_tokens": self.refed_tokens,
+            "drafter_choice": self.drafter_choice,
+            "sampler": self.sampler,
             "by_source": {
                 name: {"proposed": p, "accepted": a, "acceptance_rate": a / p if p else None}
                 for name, (p, a) in self.by_source.items()
@@ -129,6 +135,8 @@ def summary_line(stats: Stats, finish_reason: str) -> str:
         )
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
+    if stats.drafter_choice:
+        parts.append(f"--draft auto: {stats.drafter_choice}")
     parts.append(f"ttft {stats.ttft_s:.2f}s")
     parts.append(finish_reason)
     return " · ".join(parts)

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
+from macspec.engine.choice import DrafterChoice
+from macspec.engine.dflash import DFlashDrafter
 from macspec.engine.drafters import Drafter, ModelDrafter
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine
+from macspec.engine.mtp import MTPDrafter
 from macspec.engine.policy import make_policy
 from macspec.errors import MacspecError
 from macspec.models.catalog import MAX_DRAFT_TOKENS, ResolvedModels
+from macspec.models.drafters import (
+    check_dflash,
+    check_mtp,
+    convert_mtp_checkpoint,
+    drafter_kind,
+    load_dflash,
+    load_mtp,
+    read_config,
+)
+from macspec.models.home import macspec_home
 from macspec.models.loader import LoadedModels, load_models
+from macspec.models.memory import kv_cache_bytes
 
-DRAFT_SOURCES = ("model", "lookup", "hybrid")
+DRAFT_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash", "auto")
+HEAD_KINDS = ("mtp", "dflash")
+"""Drafters that read the target's hidden states; loaded from their own folders."""
 
 
 def check_draft_source(draft: str | None) -> None:
@@ -32,8 +51,39 @@ def check_draft_tokens(spec: str | int) -> None:
 
 
 def needs_draft_model(draft: str | None, no_draft: bool) -> bool:
-    """Whether `--draft` / `--no-draft` need a draft model resolved and loaded at all."""
+    """Whether `--draft` / `--no-draft` need a draft folder resolved and loaded at all."""
     return not no_draft and draft != "lookup"
+
+
+def drafter_folders(resolved: ResolvedModels, draft: str | None) -> dict[str, Path]:
+    """The drafter folders at hand, by kind: the draft folder (a draft model, an MTP head or a
+    DFlash drafter, told by its config) and the pair's own heads, when `draft` asks for them."""
+    folders: dict[str, Path] = {}
+    if resolved.draft is not None:
+        kind = drafter_kind(resolved.draft)
+        folders["mtp" if kind == "mtp-checkpoint" else kind] = resolved.draft
+    for kind in HEAD_KINDS:
+        if kind not in folders and draft in (kind, "auto"):
+            path = resolved.head(kind)
+            if path is not None:
+                folders[kind] = path
+    return folders
+
+
+def choose_source(draft: str | None, folders: dict[str, Path]) -> str:
+    """`--draft`, checked against the drafters at hand; by default the draft folder's kind
+    (a draft model first), or prompt lookup without one."""
+    default = next((k for k in ("model", *HEAD_KINDS) if k in folders), "lookup")
+    source = draft or default
+    needs = {"model": "model", "hybrid": "model", "mtp": "mtp", "dflash": "dflash"}.get(source)
+    if needs is not None and needs not in folders:
+        what = {"model": "a draft model", "mtp": "an MTP head", "dflash": "a DFlash drafter"}
+        have = ", ".join(what[k] for k in folders) or "no drafter"
+        raise MacspecError(
+            f"--draft {source} needs {what[needs]} (--draft-model, or a pair that has one), "
+            f"but there is {have}; --draft lookup works with the target alone"
+        )
+    return source
 
 
 def build_engine(
@@ -41,12 +91,14 @@ def build_engine(
     num_draft_tokens: str | None = None,
     no_draft: bool = False,
     draft: str | None = None,
+    cache_options: CacheOptions = DEFAULT_CACHE,
 ) -> tuple[Engine, LoadedModels]:
     """Load the models and build the engine.
 
     `num_draft_tokens` None means the pair's default; `draft` says where guesses come from:
-    the draft model, prompt lookup (n-grams of the context, no second model), or both;
-    None: the draft model when there is one, else prompt lookup.
+    the draft model, prompt lookup (n-grams of the context, no second model), both ('hybrid'),
+    an MTP head, a DFlash drafter, or 'auto' (whichever measures fastest here, lookup and plain
+    decoding included). None: the draft folder's own kind, or prompt lookup without one.
     """
     check_draft_source(draft)
     if no_draft and draft is not None:
@@ -56,27 +108,101 @@ def build_engine(
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
     check_draft_tokens(spec)
     policy = make_policy(spec)  # validated even with --no-draft: a typo is still an error
-    source = draft or ("model" if resolved.draft is not None else "lookup")
-    if source != "lookup" and resolved.draft is None and not no_draft:
-        raise MacspecError(
-            f"--draft {source} needs a draft model (--draft-model, or a pair that has one); "
-            "--draft lookup works with the target alone"
-        )
-    # Lookup needs no second model: a pair's draft is not even loaded.
-    draft_path = None if no_draft or source == "lookup" else resolved.draft
-    loaded = load_models(resolved.target, draft_path, resolved.target_name, resolved.draft_name)
+    folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
+    source = choose_source(draft, folders)
+    loaded = load_drafters(resolved, folders, set(folders) if source == "auto" else {source})
+    context = resolved.pair.context_length if resolved.pair is not None else None
+    text = read_config(resolved.target)
+    warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
     if no_draft:
-        return Engine(loaded.target, loaded.tokenizer), loaded
-    drafter = make_drafter(source, loaded)
-    engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, vocab_size=loaded.vocab_size)
+        engine = Engine(loaded.target, loaded.tokenizer, cache_options=cache_options)
+        return engine, loaded
+    drafter = make_drafter(source, loaded, cache_options)
+    if isinstance(drafter, DrafterChoice):
+        policy = drafter  # it chooses the draft length per candidate, too
+    engine = Engine(
+        loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
+    )
     return engine, loaded
 
 
-def make_drafter(draft: str, loaded: LoadedModels) -> Drafter:
-    """A fresh drafter of kind `draft` ('model', 'lookup', 'hybrid') over loaded models."""
+def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -> None:
+    """One line when the weights and a full KV cache exceed what the GPU may wire."""
+    from macspec.engine.wired import recommended_working_set
+    from macspec.models.loader import weight_bytes
+
+    limit = recommended_working_set()
+    if limit is None:
+        return
+    models = [loaded.target, loaded.draft, *loaded.heads.values()]
+    weights = sum(weight_bytes(m) for m in models if m is not None)
+    config = read_config(loaded.target_path)
+    kv = (kv_cache_bytes(config, context_length) or 0) if context_length else 0
+    if weights + kv > limit:
+        cache = f" and a full {context_length}-token KV cache ({kv / 1e9:.1f} GB)" if kv else ""
+        loaded.warnings.append(
+            f"weights ({weights / 1e9:.1f} GB){cache} exceed the {limit / 1e9:.1f} GB this "
+            "GPU may wire: expect paging and slow answers (a smaller pair, a shorter context "
+            "or --kv-bits 8)"
+        )
+
+
+def load_drafters(
+    resolved: ResolvedModels, folders: dict[str, Path], sources: set[str]
+) -> LoadedModels:
+    """The target and the drafters `sources` need ('hybrid' needs the draft model); heads'
+    configs are checked against the target's before any weight is loaded."""
+    wanted = {"model" if s == "hybrid" else s for s in sources}
+    target_config = read_config(resolved.target)
+    heads = {k: _check_head(folders[k], k, target_config) for k in HEAD_KINDS if k in wanted}
+    model_path = folders.get("model") if "model" in wanted else None
+    loaded = load_models(resolved.target, model_path, resolved.target_name, resolved.draft_name)
+    for kind, load in heads.items():
+        loaded.heads[kind] = load()
+    return loaded
+
+
+def _check_head(folder: Path, kind: str, target_config: dict):
+    """Check a head's config against the target's now; return how to load it later."""
+    if kind == "mtp":
+        if drafter_kind(folder) == "mtp-checkpoint":
+            folder = converted_mtp_folder(folder)
+        config = read_config(folder)
+        check_mtp(folder, config, target_config)
+        return lambda: load_mtp(folder, target_config)
+    check_dflash(folder, read_config(folder), target_config)
+    return lambda: load_dflash(folder, target_config)
+
+
+def converted_mtp_folder(checkpoint: Path) -> Path:
+    """An original checkpoint's mtp.* tensors as an MTP drafter folder in the macspec home
+    (converted once, reused after)."""
+    out = macspec_home() / "drafters" / f"{checkpoint.resolve().name}-mtp"
+    if not (out / "config.json").is_file():
+        convert_mtp_checkpoint(checkpoint, out)
+    return out
+
+
+def make_drafter(
+    draft: str, loaded: LoadedModels, cache_options: CacheOptions = DEFAULT_CACHE
+) -> Drafter:
+    """A fresh drafter of kind `draft` over loaded models: 'model', 'lookup', 'hybrid', 'mtp',
+    'dflash', or 'auto' (every one of them that is loaded, chosen by measurement)."""
     if draft == "lookup":
         return LookupDrafter()
+    if draft == "mtp" and "mtp" in loaded.heads:
+        return MTPDrafter(loaded.heads["mtp"], loaded.target, vocab_size=loaded.vocab_size)
+    if draft == "dflash" and "dflash" in loaded.heads:
+        return DFlashDrafter(loaded.heads["dflash"], loaded.target, vocab_size=loaded.vocab_size)
+    if draft == "auto":
+        kinds = [
+            k
+            for k in ("model", *HEAD_KINDS)
+            if k in loaded.heads or (k == "model" and loaded.draft is not None)
+        ]
+        candidates = [make_drafter(k, loaded, cache_options) for k in kinds]
+        return DrafterChoice([*candidates, LookupDrafter()])
     if loaded.draft is None:
         raise MacspecError(f"--draft {draft} needs a draft model (--draft-model, or a --pair)")
-    model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+    model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size, options=cache_options)
     return HybridDrafter(model) if draft == "hybrid" else model

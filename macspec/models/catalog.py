@@ -48,11 +48,20 @@ class Pair:
     """One line for `macspec models`."""
     size_gb: float
     """Approximate download size of target plus draft, in GB (10**9 bytes)."""
+    mtp: str | None = None
+    """An MTP head for the target (a drafter folder in mlx-vlm's qwen3_5_mtp format), if any."""
+    dflash: str | None = None
+    """A DFlash block drafter for the target (z-lab's format), if any."""
 
     @property
     def members(self) -> tuple[str, ...]:
-        """The models to download: the target, and the draft when there is one."""
-        return (self.target,) if self.draft is None else (self.target, self.draft)
+        """The models to download: the target, then whichever drafters the pair has."""
+        return tuple(m for m in (self.target, self.draft, self.mtp, self.dflash) if m is not None)
+
+    @property
+    def heads(self) -> dict[str, str]:
+        """Drafters that read the target, by kind ('mtp', 'dflash')."""
+        return {k: v for k, v in (("mtp", self.mtp), ("dflash", self.dflash)) if v is not None}
 
     @property
     def is_packaged(self) -> bool:
@@ -91,6 +100,12 @@ class ResolvedModels:
     pair: Pair | None
     """The catalog pair used, or None when models were given directly with `--model`."""
 
+    def head(self, kind: str) -> Path | None:
+        """The pair's drafter of `kind` ('mtp', 'dflash') on disk; None when it has none."""
+        if self.pair is None or kind not in self.pair.heads:
+            return None
+        return _pair_model_path(self.pair, self.pair.heads[kind])
+
 
 # field name -> (accepted types, description used in type errors)
 _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
@@ -101,10 +116,12 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "context_length": ((int,), "an integer"),
     "description": ((str,), "a string"),
     "size_gb": ((int, float), "a number"),
+    "mtp": ((str,), "a string"),
+    "dflash": ((str,), "a string"),
 }
 
 
-_OPTIONAL = {"draft"}
+_OPTIONAL = {"draft", "mtp", "dflash"}
 """Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
 
 
@@ -254,25 +271,29 @@ class PairStatus:
     memory: MemoryEstimate
     """Weights plus full-context KV caches, and whether that fits this machine."""
 
+    missing: tuple[str, ...] = ()
+    """Members of the pair not (completely) downloaded."""
+
     @property
     def downloaded(self) -> bool:
-        """The target, and the draft if the pair has one, are here."""
-        draft_here = self.draft_path is not None or self.pair.draft is None
-        return self.target_path is not None and draft_here
+        """Every member of the pair is here."""
+        return not self.missing
 
 
 def pair_status(pair: Pair) -> PairStatus:
     """Look a pair up on disk (offline) and estimate its memory."""
-    paths = [hub.find_local(m) for m in pair.members] + [None] * (2 - len(pair.members))
+    found = {m: hub.find_local(m) for m in pair.members}
+    paths = [found[pair.target], found.get(pair.draft) if pair.draft else None]
     sizes = [hub.size_on_disk(p) if p is not None else None for p in paths]
-    present = paths[: len(pair.members)]
+    present = list(found.values())
     if all(p is not None for p in present):
         weights = sum(weight_bytes(p) for p in present)  # type: ignore[arg-type]
     else:
         weights = int(pair.size_gb * 1e9)
-    configs = [_model_config(name, path) for name, path in zip(pair.members, paths)]
+    configs = [_model_config(name, path) for name, path in found.items()]
     memory = estimate(weights, configs, pair.context_length)
-    return PairStatus(pair, paths[0], paths[1], sizes[0], sizes[1], memory)
+    missing = tuple(m for m, p in found.items() if p is None)
+    return PairStatus(pair, paths[0], paths[1], sizes[0], sizes[1], memory, missing)
 
 
 def _model_config(name: str, path: Path | None) -> dict | None:

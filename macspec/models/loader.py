@@ -10,8 +10,11 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load as mlx_load
+from mlx_lm.utils import load_model as mlx_load_model
+from mlx_lm.utils import load_tokenizer
 
 from macspec.errors import MacspecError
+from macspec.models.tokenizers import fingerprint
 
 DRAFT_FRACTION_WARNING = 0.25
 """A draft above this share of the target's weight bytes rarely pays for itself."""
@@ -31,6 +34,8 @@ class LoadedModels:
     """Ids both models score; None when there is no draft or both tables are the same size."""
     warnings: list[str] = field(default_factory=list)
     """Things the user should know (printed by the CLI, shown by the TUI)."""
+    heads: dict[str, nn.Module] = field(default_factory=dict)
+    """Drafters that read the target's hidden states, by kind ('mtp', 'dflash')."""
 
 
 # transformers warns on stderr when a prompt passes the tokenizer's model_max_length; macspec
@@ -41,12 +46,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab
 """Files one of which a folder needs for mlx-lm to build its tokenizer."""
 
 
-def load_model(path: Path, role: str) -> tuple[nn.Module, object]:
-    """mlx_lm.load on a local folder, with its failures turned into one-line errors.
-
-    Weights and tokenizer are checked first, so a truncated download or a missing
-    tokenizer.json is named plainly rather than as whatever the loader trips over.
-    """
+def check_folder(path: Path, role: str) -> None:
+    """A model folder with config.json, whole weights and a tokenizer, or one line saying what
+    is wrong: a truncated download or a missing tokenizer.json is named plainly rather than as
+    whatever the loader trips over."""
     if not (path / "config.json").is_file():
         raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
     for weights in sorted(path.glob("*.safetensors")):
@@ -58,13 +61,45 @@ def load_model(path: Path, role: str) -> tuple[nn.Module, object]:
             f"{role} {path}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
             "the download is incomplete or this is not an mlx-lm model folder"
         )
+
+
+LOAD_ERRORS = (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError)
+"""What mlx-lm raises on a folder it cannot load (RuntimeError only from MLX's file reads)."""
+
+
+def cannot_load(exc: Exception, path: Path, role: str) -> MacspecError:
+    """The one-line error for a failed load; a RuntimeError that is no file's fault re-raises."""
+    if isinstance(exc, RuntimeError) and not _is_load_error(exc):
+        raise exc  # a bug, not a file: keep its traceback
+    reason = " ".join(str(exc).split()) or type(exc).__name__  # whole, on one line
+    return MacspecError(f"{role} {path}: cannot load: {reason}")
+
+
+def load_model(path: Path, role: str) -> tuple[nn.Module, object]:
+    """mlx_lm.load on a local folder (checked first), its failures turned into one-line errors."""
+    check_folder(path, role)
     try:
         return mlx_load(str(path))
-    except (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError) as exc:
-        if isinstance(exc, RuntimeError) and not _is_load_error(exc):
-            raise  # a bug, not a file: keep its traceback
-        reason = " ".join(str(exc).split()) or type(exc).__name__  # whole, on one line
-        raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+    except LOAD_ERRORS as exc:
+        raise cannot_load(exc, path, role) from None
+
+
+def load_weights(path: Path, role: str) -> nn.Module:
+    """The model alone (mlx-lm's load_model): its tokenizer is not loaded, only checked."""
+    check_folder(path, role)
+    try:
+        return mlx_load_model(path)[0]
+    except LOAD_ERRORS as exc:
+        raise cannot_load(exc, path, role) from None
+
+
+def draft_tokenizer(path: Path) -> object:
+    """A draft folder's tokenizer, with its config's end-of-sequence ids (as mlx_lm.load)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except LOAD_ERRORS as exc:
+        raise cannot_load(exc, path, "draft model") from None
 
 
 def _is_load_error(exc: RuntimeError) -> bool:
@@ -145,17 +180,24 @@ def load_models(
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
     if draft_path is None:
         return loaded
-    draft, draft_tokenizer = load_model(draft_path, "draft model")
-    check_same_tokenizer(
-        tokenizer, draft_tokenizer, target_name or str(target_path), draft_name or str(draft_path)
-    )
+    draft = load_weights(draft_path, "draft model")
+    # Fingerprints, cached by file hash: the draft's tokenizer loads only when unknown.
+    target_print = fingerprint(target_path, lambda: tokenizer)
+    draft_print = fingerprint(draft_path, lambda: draft_tokenizer(draft_path))
+    if draft_print != target_print:  # the full comparison names the first difference
+        check_same_tokenizer(
+            tokenizer,
+            draft_tokenizer(draft_path),
+            target_name or str(target_path),
+            draft_name or str(draft_path),
+        )
     loaded.draft, loaded.draft_path = draft, draft_path
 
     sizes = [output_vocab_size(target), output_vocab_size(draft)]
     if None not in sizes and sizes[0] != sizes[1]:
         # Padded embedding tables (Qwen's 0.5B vs 7B): score only the ids both know.
         loaded.vocab_size = min(sizes)
-        if loaded.vocab_size < len(tokenizer.get_vocab()):
+        if loaded.vocab_size < target_print.size:
             raise MacspecError(
                 f"{draft_path} scores only {loaded.vocab_size} ids, fewer than the tokenizer has"
             )

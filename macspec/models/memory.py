@@ -43,25 +43,59 @@ def machine_memory_bytes() -> int | None:
 
 
 def usable_memory_bytes() -> int | None:
-    """The part of this machine's memory a pair may use (see USABLE_FRACTION)."""
+    """The part of this machine's memory a pair may use: on a Mac, the GPU's recommended working
+    set (what generation wires, as mlx-lm sets it); elsewhere USABLE_FRACTION of the total."""
+    if sys.platform == "darwin":
+        try:
+            import mlx.core as mx  # only on a Mac, and only here: `macspec models` stays light
+
+            recommended = mx.device_info().get("max_recommended_working_set_size")
+            if recommended:
+                return int(recommended)
+        except (ImportError, RuntimeError, AttributeError):
+            pass
     total = machine_memory_bytes()
     return int(total * USABLE_FRACTION) if total else None
 
 
+def attention_tokens(cfg: dict, context_length: int) -> int | None:
+    """Ids all attention layers together hold at a full context: a full-attention layer holds
+    the context, a sliding-window layer its window, a recurrent layer (Gated DeltaNet, Mamba, a
+    short convolution) none. None when the config does not say enough."""
+    layers = int(cfg["num_hidden_layers"])
+    window = cfg.get("sliding_window") or context_length
+    windowed = min(int(window), context_length)
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        full = sum(t in ("full_attention", "attention") for t in types)
+        sliding = sum(t == "sliding_attention" for t in types)
+        return full * context_length + sliding * windowed
+    if cfg.get("full_attention_interval"):  # Qwen3.5/3.6, Qwen3-Next: 1 in N is attention
+        return layers // int(cfg["full_attention_interval"]) * context_length
+    if str(cfg.get("model_type", "")).startswith("mamba"):
+        return 0
+    pattern = cfg.get("sliding_window_pattern")
+    if cfg.get("sliding_window") and pattern:  # Gemma 3: 1 global layer in `pattern`
+        full = layers // int(pattern)
+        return full * context_length + (layers - full) * windowed
+    return layers * context_length
+
+
 def kv_cache_bytes(config: dict, context_length: int) -> int | None:
-    """KV cache for a full context: 2 (K and V) * layers * kv_heads * head_dim * context * 2 bytes.
+    """KV cache for a full context: 2 (K and V) * kv_heads * head_dim * 2 bytes per id each
+    attention layer holds (see attention_tokens: sliding windows and recurrent layers hold less).
 
     Reads an mlx-lm/transformers `config.json` (or its `text_config`); None if it lacks the sizes.
     """
     cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     try:
-        layers = int(cfg["num_hidden_layers"])
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
         head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        tokens = attention_tokens(cfg, context_length)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    return 2 * layers * kv_heads * head_dim * context_length * KV_BYTES_PER_VALUE
+    return None if tokens is None else 2 * kv_heads * head_dim * tokens * KV_BYTES_PER_VALUE
 
 
 def weight_bytes(model_dir: Path) -> int:

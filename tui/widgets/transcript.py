@@ -6,8 +6,9 @@ An answer is two views of the same text, kept in step while it streams:
 - `.spans`, a Static of the raw text as coloured spans: tokens from accepted draft guesses
   in one colour, the target's own tokens in another (appending to one rich Text is cheap).
 With the source colours on (the default; a key toggles them) the spans view is shown,
-otherwise the rendered Markdown. Answers loaded from history have no per-token sources
-and always show Markdown.
+otherwise the rendered Markdown, unless the answer is not Markdown at all (unfenced code, plain
+text): then a preformatted view that keeps its line breaks and indentation. Answers loaded from
+history bring their stored sources and show coloured as they did.
 
 A thinking model's reasoning goes to a collapsed section above the answer (ctrl+o opens it),
 split from the streamed text by the same rule the session stores it by.
@@ -15,6 +16,7 @@ split from the streamed text by the same rule the session stores it by.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from rich.text import Text
@@ -26,6 +28,15 @@ from macspec.engine.events import Source
 from macspec.models.reasoning import ReasoningSplitter
 
 REASONING_TITLE = "reasoning (ctrl+o)"
+_MARKDOWN = re.compile(
+    r"^\s{0,3}(```|~~~|#{1,6}\s|[-*+]\s|\d+[.)]\s|>\s|\|.*\|)|\*\*\S|\[[^\]]+\]\(", re.M
+)
+
+
+def looks_like_markdown(text: str) -> bool:
+    """Whether text uses Markdown (fences, headings, lists, quotes, tables, bold, links); code
+    or prose without any of it is shown preformatted, as written."""
+    return bool(_MARKDOWN.search(text))
 
 
 class UserMessage(Static):
@@ -50,15 +61,22 @@ class AnswerMessage(Vertical):
     COMPONENT_CLASSES = {"answer--draft", "answer--target"}
 
     def __init__(
-        self, text: str = "", summary: str = "", live: bool = True, reasoning: str | None = None
+        self,
+        text: str = "",
+        summary: str = "",
+        live: bool = True,
+        reasoning: str | None = None,
+        sources: Sequence[Sequence[str]] | None = None,
     ) -> None:
-        super().__init__(classes="answer" + (" -has-sources" if live else ""))
+        coloured = live or bool(sources)
+        super().__init__(classes="answer" + (" -has-sources" if coloured else ""))
         self.text = text
         """The answer so far (what the Markdown body holds)."""
         self.summary = summary
         self.reasoning = reasoning or ""
         """A thinking model's reasoning so far, shown apart and collapsed."""
         self._initial = text
+        self._stored_sources = list(sources or [])
         self._spans = Text()
         self._stream: MarkdownStream | None = None
         self._splitter: ReasoningSplitter | None = None
@@ -70,6 +88,7 @@ class AnswerMessage(Vertical):
             yield Static(Text(self.reasoning), classes="reasoning-text")
         yield Markdown(self._initial, classes="body")
         yield Static(self._spans, classes="spans")
+        yield Static(Text(self._initial), classes="plain")
         yield Static(Text(self.summary), classes="summary")
 
     @property
@@ -83,6 +102,15 @@ class AnswerMessage(Vertical):
 
     def on_mount(self) -> None:
         self._show_reasoning()
+        self.set_class(not looks_like_markdown(self.text), "-plain")
+        if self._stored_sources:  # an answer from history, coloured as it was written
+            styles = {
+                "draft": self.get_component_rich_style("answer--draft"),
+                "target": self.get_component_rich_style("answer--target"),
+            }
+            for text, source in self._stored_sources:
+                self._spans.append(text, styles.get(source, styles["target"]))
+            self.query_one(".spans", Static).update(self._spans)
 
     def split_reasoning(self, starts_inside: bool | None) -> None:
         """From now on, text is reasoning or answer as a thinking model writes it (None: the
@@ -120,7 +148,13 @@ class AnswerMessage(Vertical):
     async def _write(self, fragment: str) -> None:
         if not fragment:
             return
+        start = max(0, len(self.text) - 200)  # a marker may straddle the fragment's start
         self.text += fragment
+        if self.has_class("-plain"):
+            if looks_like_markdown(self.text[start:]):
+                self.set_class(False, "-plain")  # once Markdown, it stays Markdown
+            else:
+                self.query_one(".plain", Static).update(Text(self.text))
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
         await self._stream.write(fragment)
@@ -160,9 +194,14 @@ class Transcript(VerticalScroll):
         return message
 
     async def add_answer(
-        self, text: str = "", summary: str = "", live: bool = True, reasoning: str | None = None
+        self,
+        text: str = "",
+        summary: str = "",
+        live: bool = True,
+        reasoning: str | None = None,
+        sources: Sequence[Sequence[str]] | None = None,
     ):
-        answer = AnswerMessage(text, summary, live=live, reasoning=reasoning)
+        answer = AnswerMessage(text, summary, live=live, reasoning=reasoning, sources=sources)
         await self.mount(answer)
         return answer
 

@@ -1,0 +1,135 @@
+"""Running the app under uvicorn: in the foreground (the command, Ctrl-C and SIGTERM drain), or
+in a background thread (tests, scripts). The socket is bound first, so port 0 picks a free one
+and the address is known before the first request."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+
+import uvicorn
+
+from macspec.errors import MacspecError
+from macspec.serve.app import make_app
+from macspec.serve.backend import Backend
+
+DRAIN_S = 60
+"""On Ctrl-C or SIGTERM: how long requests in flight (and queued) may take to finish."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve anywhere
+        return False
+
+
+def check_host(host: str, api_key: str | None, insecure: bool) -> None:
+    """A host other than the loopback serves the network: it needs a key, or --insecure."""
+    if not is_loopback(host) and api_key is None and not insecure:
+        raise MacspecError(
+            f"--host {host} exposes the server beyond this machine: pass --api-key KEY "
+            "(clients then send it as a bearer token), or --insecure to serve without one"
+        )
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, or a one-line error (port taken, bad address)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise MacspecError(f"--host {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise MacspecError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def make_server(backend: Backend, api_key: str | None, drain_s: float = DRAIN_S):
+    config = uvicorn.Config(
+        make_app(backend, api_key),
+        log_config=None,  # our own one line per request instead of uvicorn's access log
+        access_log=False,
+        timeout_graceful_shutdown=drain_s,
+        lifespan="on",
+    )
+    return uvicorn.Server(config)
+
+
+def setup_logging() -> None:
+    """One line per request on stderr, timestamped."""
+    logger = logging.getLogger("macspec.serve")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+class _Stopped(Exception):
+    """SIGTERM, raised again by uvicorn once it has drained."""
+
+
+def _stopped(_signum, _frame) -> None:
+    raise _Stopped()
+
+
+def run_server(backend: Backend, host: str, port: int, api_key: str | None, announce=print) -> None:
+    """Serve until Ctrl-C or SIGTERM, then drain: uvicorn stops accepting connections and
+    waits for the requests in flight (and queued) to finish, up to DRAIN_S."""
+    sock = bind(host, port)
+    setup_logging()
+    server = make_server(backend, api_key)
+    shown = f"[{host}]" if ":" in host else host
+    announce(f"http://{shown}:{sock.getsockname()[1]}/v1")
+    # uvicorn re-raises the signal that stopped it once it has drained: end quietly then.
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        server.run(sockets=[sock])
+    except (KeyboardInterrupt, _Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        sock.close()
+
+
+class ServerThread:
+    """The server on a free localhost port in a background thread (tests, scripts)."""
+
+    def __init__(self, backend: Backend, api_key: str | None = None, host: str = "127.0.0.1"):
+        self.backend = backend
+        self.sock = bind(host, 0)
+        self.port = self.sock.getsockname()[1]
+        self.base_url = f"http://{host}:{self.port}/v1"
+        self.server = make_server(backend, api_key, drain_s=5)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()

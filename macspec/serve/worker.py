@@ -1,0 +1,154 @@
+"""One generation at a time: a worker thread owns the engine; requests wait in a FIFO queue.
+
+The HTTP side (asyncio) submits a `Job` and reads its events from an asyncio queue the worker
+fills thread-safely. A full queue refuses the job at once (the server answers 429). A job whose
+client went away is cancelled: while waiting it leaves the queue, while generating the engine's
+`cancelled` callable stops it after the current token, and the caches keep what was delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from macspec.engine.events import Cycle, Done, Token
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.serve.prompt_cache import PromptCache
+
+log = logging.getLogger("macspec.serve")
+
+
+class QueueFull(Exception):
+    """No room in the queue for another request."""
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The generation raised: the last event of a job, instead of a Done."""
+
+    error: BaseException
+
+
+@dataclass
+class Job:
+    """One request's generation, from the HTTP side's point of view."""
+
+    prompt: list[int]
+    config: GenerationConfig
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    """Token, then one Done or Failed; filled by the worker thread."""
+    cancel_flag: threading.Event = field(default_factory=threading.Event)
+    submitted_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    """When the worker began it (after waiting in the queue)."""
+    done: Done | None = None
+    """The engine's last event, once it came (set on the worker thread)."""
+
+    def cancelled(self) -> bool:
+        return self.cancel_flag.is_set()
+
+    def post(self, event: Token | Done | Failed) -> None:
+        """From the worker thread: hand an event to the request's coroutine."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody will read on
+            self.cancel_flag.set()
+
+
+class Worker:
+    """The thread that runs every generation on the engine, in order of arrival."""
+
+    def __init__(self, engine: Engine, max_queue: int = 32, prompt_cache_size: int = 4):
+        self.engine = engine
+        self.max_queue = max_queue
+        """Most requests waiting while one generates; more are refused (429)."""
+        self.prompt_cache = PromptCache(engine, prompt_cache_size)
+        self._waiting: deque[Job] = deque()
+        self._running: Job | None = None
+        self._lock = threading.Condition()
+        self._stopping = False
+        self.recent: deque[Done] = deque(maxlen=32)
+        """The latest generations' Done events, newest last (cancelled ones too)."""
+        self._thread = threading.Thread(target=self._run, name="macspec-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # -- the HTTP side ---------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue a job, or raise QueueFull."""
+        with self._lock:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if len(self._waiting) + (self._running is not None) > self.max_queue:
+                raise QueueFull(f"{len(self._waiting)} requests are already waiting")
+            self._waiting.append(job)
+            self._lock.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: drop the job if it waits, stop it if it runs."""
+        job.cancel_flag.set()
+        with self._lock:
+            if job in self._waiting:
+                self._waiting.remove(job)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def busy(self) -> bool:
+        return self._running is not None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel what is left (waiting and running) and end the thread."""
+        with self._lock:
+            self._stopping = True
+            for job in self._waiting:
+                job.cancel_flag.set()
+            self._waiting.clear()
+            if self._running is not None:
+                self._running.cancel_flag.set()
+            self._lock.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # -- the worker thread -----------------------------------------------------------------
+    def _next(self) -> Job | None:
+        with self._lock:
+            while not self._waiting and not self._stopping:
+                self._lock.wait()
+            if self._stopping:
+                return None
+            self._running = self._waiting.popleft()
+            return self._running
+
+    def _run(self) -> None:
+        while (job := self._next()) is not None:
+            try:
+                self._generate(job)
+            finally:
+                with self._lock:
+                    self._running = None
+
+    def _generate(self, job: Job) -> None:
+        job.started_at = time.perf_counter()
+        if job.cancelled():  # its client left as it reached the front of the queue
+            return
+        try:
+            self.prompt_cache.prepare(job.prompt)
+            for event in self.engine.generate(job.prompt, job.config, cancelled=job.cancelled):
+                if isinstance(event, Cycle):
+                    continue
+                if isinstance(event, Done):
+                    job.done = event
+                    self.recent.append(event)
+                job.post(event)
+        except Exception as exc:  # a bug or an MLX failure: a 500 for this request only
+            log.exception("generation failed")
+            job.post(Failed(exc))

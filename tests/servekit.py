@@ -1,0 +1,56 @@
+"""Helpers for the server's tests: tiny saved models, a backend over them, the expected answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tiny
+
+from macspec.chat.session import open_models
+from macspec.engine.events import Done
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.models.catalog import resolve_models
+from macspec.models.templates import encode_messages
+from macspec.serve.backend import Backend, Defaults
+
+
+def save_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny float32 target and a noisy copy as its draft, saved as mlx-lm folders."""
+    target = tiny.random_model(0, scale=3.0)
+    return (
+        tiny.save_model(target, root / "target"),
+        tiny.save_model(tiny.noisy_copy(target, 0.01, seed=1), root / "draft"),
+    )
+
+
+def load_engine(target: Path, draft: Path, k: str = "3"):
+    """The engine `macspec serve --model T --draft-model D -k K` builds, and its tokenizer."""
+    loaded = open_models(resolve_models(None, str(target), str(draft)), k)
+    return loaded.engine, loaded.tokenizer
+
+
+def make_backend(target: Path, draft: Path, **kwargs) -> Backend:
+    engine, tokenizer = load_engine(target, draft)
+    kwargs.setdefault("defaults", Defaults(max_tokens=16))
+    return Backend(engine, tokenizer, "tiny", aliases=(str(target),), k=3, **kwargs)
+
+
+class Expected:
+    """Greedy answers from an engine of its own: what the server must send back."""
+
+    def __init__(self, target: Path, draft: Path):
+        self.engine, self.tokenizer = load_engine(target, draft)
+
+    def prompt(self, messages: list[dict[str, str]]) -> list[int]:
+        return encode_messages(self.tokenizer, messages)
+
+    def done(self, messages: list[dict[str, str]], max_tokens: int) -> Done:
+        events = self.engine.generate(self.prompt(messages), GenerationConfig(max_tokens))
+        return list(events)[-1]
+
+    def text(self, messages: list[dict[str, str]], max_tokens: int) -> str:
+        return self.done(messages, max_tokens).text
+
+
+def fresh_answer(engine: Engine, prompt: list[int], max_tokens: int) -> Done:
+    return list(engine.generate(prompt, GenerationConfig(max_tokens)))[-1]

@@ -1,0 +1,131 @@
+"""At most one blocking host-device wait per speculative cycle.
+
+On an Apple GPU the CPU builds the next step's graph while the GPU runs the current one, unless
+the code waits for a result; every such wait leaves the GPU idle. A wait is counted when the
+code reads an array (`mx.eval`, `.item()`, `.tolist()`) after a forward pass was queued and
+before anything else was read: that read waits on the pass. `mx.async_eval` never waits.
+Reads of arrays already computed are free and not counted.
+
+The engine reads each cycle's guesses and verdict together, once. A probe cycle now and then
+(`timed`) also waits after drafting, to time drafting and verifying apart for the policy.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+import tiny
+
+from macspec.engine.cached import CachedModel
+from macspec.engine.cycle import Cycle
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.loop import PROBE_EVERY, Engine, GenerationConfig
+from macspec.engine.policy import AutoPolicy, FixedPolicy
+from macspec.engine.sampling import SamplingParams
+
+
+class Waits:
+    """Counts reads that wait on a queued forward pass."""
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        self.queued = False
+        forward, evaluate = CachedModel.forward, mx.eval
+        item, tolist = mx.array.item, mx.array.tolist
+
+        def queue(model, ids):
+            logits = forward(model, ids)  # reads inside it come before the pass is queued
+            self.queued = True
+            return logits
+
+        def reading(read):
+            def wrapped(*args, **kwargs):
+                if self.queued:
+                    self.count += 1
+                    self.queued = False
+                return read(*args, **kwargs)
+
+            return wrapped
+
+        monkeypatch.setattr(CachedModel, "forward", queue)
+        monkeypatch.setattr(mx, "eval", reading(evaluate))
+        monkeypatch.setattr(mx.array, "item", reading(item))
+        monkeypatch.setattr(mx.array, "tolist", reading(tolist))
+
+
+def waits_per_cycle(engine: Engine, prompt: list[int], config, waits: Waits):
+    """[(cycle, waits since the previous cycle's record)] over one generation."""
+    out, before = [], None
+    for event in engine.generate(prompt, config):
+        if isinstance(event, Cycle):
+            if before is not None:
+                out.append((event, waits.count - before))
+            before = waits.count
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tok")
+    tiny.write_tokenizer(folder)
+    target = tiny.random_model(0, scale=3.0)
+    # A near copy: sure of itself, so `auto`'s confidence floor is not what cuts its drafts.
+    return tiny.tokenizer(folder), target, tiny.noisy_copy(target, 0.005, seed=1)
+
+
+DRAFTERS = {
+    "model": lambda draft: ModelDrafter(draft),
+    "lookup": lambda draft: LookupDrafter(),
+    "hybrid": lambda draft: HybridDrafter(ModelDrafter(draft)),
+}
+POLICIES = {
+    "k=1": lambda: FixedPolicy(1),
+    "k=2": lambda: FixedPolicy(2),
+    "k=4": lambda: FixedPolicy(4),
+    "k=8": lambda: FixedPolicy(8),
+    # probes and plain stretches aside, `auto` drafts like a fixed k; never plain for good
+    "auto": lambda: AutoPolicy(start_k=4, probe_every=10_000, confidence_floor=0.05),
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("source", list(DRAFTERS))
+def test_one_wait_per_cycle(models, monkeypatch, source, policy, temperature):
+    tok, target, draft = models
+    # An Apple GPU's cost curve (a pass over a few ids costs about one): `auto` keeps drafting.
+    monkeypatch.setattr(AutoPolicy, "pass_time", lambda self, m: 1.0)
+    engine = Engine(target, tok, DRAFTERS[source](draft), POLICIES[policy]())
+    prompt = tok.encode("the cat sat on the mat. the cat sat on the mat. the")
+    waits = Waits(monkeypatch)
+    config = GenerationConfig(
+        max_tokens=48, sampling=SamplingParams(temperature=temperature), seed=1
+    )
+    cycles = waits_per_cycle(engine, prompt, config, waits)
+    spec = [(c, w) for c, w in cycles if c.proposed]
+    assert spec, [(c.requested, c.proposed, c.timed) for c, _ in cycles]
+    # Every cycle waits once, but a probe, which also waits after drafting.
+    assert all(w <= (2 if c.timed and c.requested else 1) for c, w in cycles), [
+        (c.proposed, c.timed, w) for c, w in cycles
+    ]
+    untimed = [w for c, w in spec if not c.timed]
+    assert untimed and max(untimed) == 1
+    probes = sum(c.timed for c, _ in spec)
+    assert probes <= 4 + len(spec) // PROBE_EVERY + 1
+
+
+def test_auto_times_its_choices_on_probe_cycles_only(models, monkeypatch):
+    """The policy learns pass times from probes and plain steps; other cycles give it
+    acceptance only, so no cycle needs a wait of its own for the policy."""
+    tok, target, draft = models
+    monkeypatch.setattr(AutoPolicy, "pass_time", lambda self, m: 1.0)  # it keeps drafting
+    policy = AutoPolicy(start_k=3, probe_every=10_000)
+    seen = []
+    observe = policy._observe_times
+    monkeypatch.setattr(policy, "_observe_times", lambda c: seen.append(c) or observe(c))
+    engine = Engine(target, tok, ModelDrafter(draft), policy)
+    events = list(engine.generate(tok.encode("hello there"), GenerationConfig(max_tokens=64)))
+    cycles = [e for e in events if isinstance(e, Cycle)]
+    assert seen == [c for c in cycles if c.timed]
+    assert any(not c.timed for c in cycles)
