@@ -377,11 +377,7 @@ def bench(
     ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
     context = context_length(resolved)
     for prompt, prompt_ids in zip(chosen, ids):
-        if context is not None and len(prompt_ids) >= context:
-            fail(
-                f"prompt '{prompt.name}' is {len(prompt_ids)} tokens and the context of "
-                f"{resolved.target_name} holds {context}; shorten it"
-            )
+        opt.check_fits(len(prompt_ids), context, resolved.target_name, f"prompt '{prompt.name}'")
     settings = replace(settings, context_length=context)  # every tool stops there
 
     with _progress_bar(err) as bar:

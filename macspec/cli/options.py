@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from macspec.errors import MacspecError
+
+if TYPE_CHECKING:
+    from macspec.engine.cached import CacheOptions
 
 Model = Annotated[
     str | None,
@@ -82,6 +85,14 @@ def stop_strings(stop: list[str] | None) -> tuple[str, ...]:
     return tuple(stop or ())
 
 
+def check_fits(tokens: int, context: int | None, model: str, what: str = "the prompt") -> None:
+    """A prompt must leave room in the model's context window for at least one token."""
+    if context is not None and tokens >= context:
+        raise MacspecError(
+            f"{what} is {tokens} tokens and the context of {model} holds {context}; shorten it"
+        )
+
+
 Sampler = Annotated[
     str | None,
     typer.Option(
@@ -115,7 +126,9 @@ PrefillStepSize = Annotated[
 ]
 
 
-def cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size):
+def cache_options(
+    kv_bits: int | None, kv_group_size: int, quantized_kv_start: int, max_kv_size: int | None
+) -> CacheOptions:
     """The engine's CacheOptions from the flags (validated there, before any model loads)."""
     from macspec.engine.cached import CacheOptions
 

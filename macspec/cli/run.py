@@ -116,11 +116,7 @@ def run(
         print(f"macspec: warning: {warning}", file=sys.stderr)
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)
     context = context_length(resolved)
-    if context is not None and len(prompt_ids) >= context:
-        fail(
-            f"the prompt is {len(prompt_ids)} tokens and the context of {resolved.target_name} "
-            f"holds {context}; shorten it"
-        )
+    opt.check_fits(len(prompt_ids), context, resolved.target_name)
     config = replace(config, context_length=context)  # the answer stops there ('context')
     inside = reasoning_start(loaded.tokenizer, prompt_ids)
     splitter = ReasoningSplitter(inside) if inside is not None else None

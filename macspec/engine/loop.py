@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
+from macspec.engine.config import GenerationConfig
 from macspec.engine.drafters import Drafter
 from macspec.engine.events import Cycle, Done, Event, Source, Token
 from macspec.engine.policy import AutoPolicy, DraftPolicy
@@ -33,33 +34,10 @@ drafting and verifying are timed apart for the policy; the others wait once."""
 MAX_REFEED = 8
 """Most ids a verify pass feeds again after checkpoint restores before a plain step catches up."""
 
+DEFAULT_GENERATION = GenerationConfig()
+"""Greedy, 256 tokens, no stops: what `generate` does when told nothing."""
 
-@dataclass(frozen=True)
-class GenerationConfig:
-    """What to generate and when to stop."""
-
-    max_tokens: int = 256
-    """Most tokens to generate."""
-    sampling: SamplingParams = SamplingParams()
-    """Temperature and filters; the default is greedy."""
-    stop_strings: tuple[str, ...] = ()
-    """Text that ends the answer when it appears (it is not shown)."""
-    seed: int | None = None
-    """Seed for sampled runs; None draws a fresh one."""
-    context_length: int | None = None
-    """Tokens the model can attend to, prompt included; the answer stops there (finish
-    reason 'context') and a prompt that fills it is refused. None: no limit."""
-    prefill_step_size: int = 2048
-    """Prompt ids per prefill pass (mlx-lm's --prefill-step-size)."""
-    sampler: str | None = None
-    """Sampled runs: 'coupled' (output identical to plain decoding with the seed, whatever
-    drafts) or 'rejection' (the most guesses kept); None: coupled with a seed, else rejection."""
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise MacspecError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if self.prefill_step_size < 1:
-            raise MacspecError(f"--prefill-step-size must be >= 1, got {self.prefill_step_size}")
+__all__ = ["Engine", "GenerationConfig"]  # GenerationConfig lives in engine/config.py
 
 
 @dataclass
@@ -319,7 +297,7 @@ class Engine:
     def generate(
         self,
         prompt: Sequence[int],
-        config: GenerationConfig = GenerationConfig(),
+        config: GenerationConfig = DEFAULT_GENERATION,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[Event]:
         """Yield Token and Cycle events, then one Done.
@@ -332,19 +310,7 @@ class Engine:
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise MacspecError("the prompt is empty")
-        # The context window bounds the answer as max_tokens does, with its own reason.
-        context_room = None
-        if config.context_length is not None:
-            context_room = config.context_length - len(prompt)
-            if context_room < 1:
-                raise MacspecError(
-                    f"the prompt is {len(prompt)} tokens and the model's context holds "
-                    f"{config.context_length}; shorten it"
-                )
-            if context_room < config.max_tokens:
-                config = replace(config, max_tokens=context_room)
-            else:
-                context_room = None  # max_tokens comes first
+        config, by_context = config.within_context(len(prompt))
         stats = Stats(prompt_tokens=len(prompt))
         rng = None
         if not config.sampling.greedy:
@@ -383,7 +349,7 @@ class Engine:
                         finish, stopped_at = "stop_string", scanner.released
                         break
                     if len(tokens) >= config.max_tokens:
-                        finish = "length" if context_room is None else "context"
+                        finish = "context" if by_context else "length"
                         break
                     if cancelled is not None and cancelled():
                         finish = "cancelled"
