@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +16,46 @@ from urllib.parse import unquote, urlparse
 import pytest
 
 FAKE_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+UNSET_FOR_TESTS = (
+    "HF_HUB_OFFLINE",  # pull tests talk to a fake hub on localhost
+    "TRANSFORMERS_OFFLINE",
+    "HF_ENDPOINT",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "XDG_DATA_HOME",
+    "COLUMNS",  # rich tables size themselves by it
+    "LINES",
+    "NO_COLOR",
+    "FORCE_COLOR",
+)
+"""Environment variables that change what the code under test does: no test sees the user's."""
+
+# huggingface_hub reads some of them once, at import: unset them before anything imports it.
+for _variable in UNSET_FOR_TESTS:
+    os.environ.pop(_variable, None)
+
+
+@pytest.fixture(autouse=True)
+def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test runs with its own macspec home, HF cache and temp folder under tmp, and none
+    of the user's settings: the suite passes (and touches nothing real) whatever the shell
+    sets."""
+    for variable in UNSET_FOR_TESTS:
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # Temp files (the chat's file of unsaved messages, say) stay in the test's own folder.
+    temp = tmp_path / "tmp"
+    temp.mkdir(exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    try:
+        from huggingface_hub import constants
+    except ImportError:  # pragma: no cover - it is a dependency
+        return
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 
 
 @pytest.fixture
@@ -28,6 +69,16 @@ def hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
         monkeypatch.delenv(variable, raising=False)
     return cache
+
+
+@pytest.fixture
+def disk(tmp_path: Path):
+    """A small disk for a chat database that the test fills and frees (see faultkit.Disk)."""
+    from faultkit import Disk
+
+    small = Disk(tmp_path / "disk")
+    yield small
+    small.close()
 
 
 @pytest.fixture

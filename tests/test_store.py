@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from macspec.chat import store as store_module
+from macspec.chat.faults import StorageError
 from macspec.chat.store import ModelInfo, Store, default_database_path, title_for
 from macspec.errors import MacspecError
 
@@ -40,7 +41,7 @@ def test_a_failing_migration_leaves_no_trace(tmp_path: Path, monkeypatch: pytest
     Store(path)
     broken = ("9999_broken", "CREATE TABLE half (x INTEGER); CREATE TABLE half (x INTEGER)")
     monkeypatch.setattr(store_module, "MIGRATIONS", [*store_module.MIGRATIONS, broken])
-    with pytest.raises(sqlite3.Error):
+    with pytest.raises(StorageError, match="table half already exists"):
         Store(path)
     with sqlite3.connect(path) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
@@ -107,7 +108,7 @@ def test_shared_between_threads(tmp_path: Path):
 def test_unwritable_home_is_one_line(tmp_path: Path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(MacspecError, match="cannot open the chat database"):
+    with pytest.raises(MacspecError, match="the macspec home is a file, not a folder"):
         Store(blocker / "chats.db")
 
 

@@ -144,7 +144,9 @@ async def test_escape_stops_the_answer_and_keeps_it(tok, store):
         assert (reply.complete, reply.finish_reason) == (False, "cancelled")
         assert 0 < reply.token_count < 2000
         assert answer.text == reply.content != ""
-        assert "stopped, saved as incomplete" in answer.summary
+        assert answer.summary.endswith("stopped, saved as incomplete")
+        assert "cancelled" not in answer.summary and answer.summary.count("stopped") == 1
+        assert len(answer.summary) < SIZE[0] - 4  # on one line, not cut
         assert app.session.messages[-1] == {"role": "assistant", "content": reply.content}
 
 

@@ -1,15 +1,22 @@
-"""`macspec chat`: the Textual app, and `make_app`, the one factory the CLI and the tests use.
+"""`macspec chat`: the Textual app (`make_app` in tui/factory.py builds it for the CLI and
+the tests).
 
-Generation runs in a thread worker that iterates the session's events and posts Messages
-(thread-safe) to the app; the UI thread only renders them, so it never blocks while tokens
-stream. Token pieces are batched (at most ~30 posts a second), and the figures sent along are
-cumulative counts, so batching changes nothing that is shown. Loading another pair runs in
-a thread worker too.
+Generation runs in a thread worker (tui/turn.py) that iterates the session's events and
+posts Messages (thread-safe) to the app; the UI thread only renders them, so it never blocks
+while tokens stream. Token pieces are batched (at most ~30 posts a second), and the figures
+sent along are cumulative counts, so batching changes nothing that is shown. Loading another
+pair runs in a thread worker too.
+
+Whatever happens in the worker, it ends the turn (Finished or Rejected), so the chat never
+stays "answering". A storage failure is one line in the transcript; the messages are kept
+in memory and saved on the next turn or ctrl+s. SIGTERM and SIGHUP (with `exit_on_signals`)
+end a running answer, saved as 'interrupted', then exit with 128 + the signal's number.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -20,46 +27,33 @@ from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import Worker, get_current_worker
 
-from macspec.chat.session import (
-    ChatModels,
-    ChatSession,
-    ContextTrimmed,
-    downloaded_pairs,
-    open_models,
-)
-from macspec.chat.store import ModelInfo, Store, StoredMessage
-from macspec.engine.events import Done, Token
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.stats import summary_line
+from macspec.chat.session import ChatModels, ChatSession
 from macspec.errors import MacspecError
-from macspec.models.build import needs_draft_model
-from macspec.models.catalog import Pair, resolve_models
-from tui.live import LiveFigures, without_timings
-from tui.messages import Chunk, Finished, Noticed, PairFailed, PairLoaded, Rejected, Started
+from macspec.models.catalog import Pair
+from tui.messages import (
+    Chunk,
+    Finished,
+    Noticed,
+    PairFailed,
+    PairLoaded,
+    Rejected,
+    Saved,
+    Started,
+)
+from tui.terminal import hangup_safe
+from tui.turn import answer_summary, in_memory, run_turn, stored_summary
 from tui.widgets.pickers import HistoryPicker, PairPicker
 from tui.widgets.prompt import PromptInput
 from tui.widgets.stats_bar import StatsBar
 from tui.widgets.transcript import AnswerMessage, Transcript
 
-POST_EVERY_S = 1 / 30
-"""Most often the worker posts token pieces to the UI (more would only queue up)."""
+STOP_WAIT_S = 10
+"""How long quitting waits for a running answer to stop and be saved."""
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end the chat cleanly: the answer saved, the terminal restored."""
 STATS_EVERY_S = 1 / 4
 """Most often the stats bar redraws while an answer streams (its figures change slowly; the
 text itself shows as it comes). The final figures always show."""
-
-
-def stored_summary(message: StoredMessage) -> str:
-    """The summary line of an answer loaded from the store (no timings: it is history)."""
-    stats = message.stats or {}
-    parts = [f"{message.token_count or 0} tokens"]
-    if stats.get("acceptance_rate") is not None:
-        parts.append(f"acceptance {stats['acceptance_rate']:.0%}")
-    if stats.get("tokens_per_pass") is not None:
-        parts.append(f"{stats['tokens_per_pass']:.2f} tokens/pass")
-    parts.append(message.finish_reason or "?")
-    if not message.complete:
-        parts.append("incomplete")
-    return " · ".join(parts)
 
 
 class ChatApp(App, inherit_bindings=False):
@@ -75,6 +69,7 @@ class ChatApp(App, inherit_bindings=False):
         Binding("ctrl+r", "history", "History"),
         Binding("ctrl+t", "toggle_colours", "Colours"),
         Binding("ctrl+o", "toggle_reasoning", "Reasoning", show=False),
+        Binding("ctrl+s", "retry_save", "Save again", show=False),
         Binding("ctrl+q", "quit", "Quit"),  # not inherited, so it comes last in the footer
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
@@ -86,8 +81,16 @@ class ChatApp(App, inherit_bindings=False):
         load_pair: Callable[[Pair], ChatModels],
         warnings: Sequence[str] = (),
         mask_timings: bool = False,
+        exit_on_signals: bool = False,
     ) -> None:
         super().__init__()
+        if exit_on_signals:  # a closed terminal window ends the chat as SIGHUP does
+            self.driver_class = hangup_safe(self.driver_class)
+        self.exit_on_signals = exit_on_signals
+        """Handle SIGTERM/SIGHUP (the CLI; tests run the app inside pytest's own loop)."""
+        self.exit_signal: int | None = None
+        """The signal that ended the app, if one did."""
+        self._interrupt = threading.Event()
         self.session = session
         self.list_pairs = list_pairs
         self.load_pair = load_pair
@@ -97,6 +100,8 @@ class ChatApp(App, inherit_bindings=False):
         self.colours = True
         self.generating = False
         self.loading: str | None = None
+        self.saving = False
+        """A retry (ctrl+s) is saving what storage refused."""
         self.turns_ended = 0
         """Turns that ended (answered, stopped, failed or refused): tests wait on it."""
         self._answer: AnswerMessage | None = None
@@ -125,6 +130,10 @@ class ChatApp(App, inherit_bindings=False):
 
     async def on_mount(self) -> None:
         self.add_class("-sources")
+        if self.exit_on_signals:
+            loop = asyncio.get_running_loop()
+            for signum in EXIT_SIGNALS:
+                loop.add_signal_handler(signum, self.end_by_signal, signum)
         await self._show_conversation()
         for warning in self.startup_warnings:
             await self.transcript.add_notice(f"warning: {warning}", "warning")
@@ -142,7 +151,11 @@ class ChatApp(App, inherit_bindings=False):
             )
             return
         await transcript.add_notice(f"Conversation #{session.conversation_id}, resumed.")
-        stored = self.session.store.get(session.conversation_id).messages
+        try:
+            stored = self.session.store.get(session.conversation_id).messages
+        except MacspecError as exc:  # the database failed since: show what is in memory
+            await transcript.add_notice(f"Cannot read it back: {exc}", "error")
+            stored = [in_memory(m) for m in session.messages]
         for message in stored:
             if message.role == "user":
                 await transcript.add_user(message.content)
@@ -167,6 +180,9 @@ class ChatApp(App, inherit_bindings=False):
         if self.loading:
             self.notify(f"Loading {self.loading}…", severity="warning")
             return
+        if self.saving:
+            self.notify("Saving what storage refused… a moment.", severity="warning")
+            return
         self.prompt.clear()
         await self.transcript.add_user(text)
         self._answer = await self.transcript.add_answer()
@@ -179,32 +195,13 @@ class ChatApp(App, inherit_bindings=False):
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def _generate(self, text: str, cancel: threading.Event) -> None:
         worker = get_current_worker()
-        try:
-            events = self.session.send(text, lambda: cancel.is_set() or worker.is_cancelled)
-        except MacspecError as exc:
-            self.post_message(Rejected(text, str(exc)))
-            return
-        self.post_message(Started(self.session.reasoning_start))
-        live, pieces, posted = LiveFigures(), [], time.monotonic()
-        done, error = None, None
-        try:
-            for event in events:  # to the end: the session saves the answer as it finishes
-                live.add(event)
-                if isinstance(event, ContextTrimmed):
-                    self.post_message(Noticed(event.text, "warning"))
-                elif isinstance(event, Token):
-                    pieces.append((event.text, event.source))
-                elif isinstance(event, Done):
-                    done = event
-                if pieces and time.monotonic() - posted >= POST_EVERY_S:
-                    self.post_message(Chunk(pieces, live.figures()))
-                    pieces, posted = [], time.monotonic()
-        except Exception as exc:  # a crash mid-answer: saved as far as it got, shown, not fatal
-            error = f"{type(exc).__name__}: {exc}"
-        finally:
-            events.close()
-        self.post_message(Chunk(pieces, live.figures()))
-        self.post_message(Finished(done, live.figures(), error))
+        run_turn(
+            self.session,
+            text,
+            lambda: cancel.is_set() or worker.is_cancelled,
+            self._interrupt.is_set,
+            self.post_message,
+        )
 
     @on(Started)
     def _started(self, message: Started) -> None:
@@ -222,17 +219,9 @@ class ChatApp(App, inherit_bindings=False):
 
     @on(Finished)
     async def _finished(self, message: Finished) -> None:
-        answer, done = self._answer, message.done
-        if done is not None:
-            stats = without_timings(done.stats) if self.mask_timings else done.stats
-            summary = summary_line(stats, done.finish_reason)
-            if self.mask_timings:
-                summary = summary.replace("ttft 0.00s", "ttft ··")
-            if done.finish_reason == "cancelled":
-                summary += " · stopped, saved as incomplete"
-            tail = done.tail
-        else:
-            summary, tail = f"error: {message.error} · saved as incomplete", ""
+        answer = self._answer
+        summary, tail = answer_summary(message, self.mask_timings)
+        if message.done is None and message.error is not None:
             self.notify(f"The answer failed: {message.error}", severity="error", timeout=8)
         if answer is not None:
             await answer.finish(tail, summary)
@@ -263,22 +252,71 @@ class ChatApp(App, inherit_bindings=False):
             self._cancel.set()  # the engine polls it after every token
             self.stats_bar.set_state("stopping")
 
-    async def action_quit(self) -> None:
-        # Let the answer stop and be saved before the process goes.
+    async def _stop_answer(self, cancel: bool = True) -> None:
+        """Let a running answer stop and be saved before the process goes (`cancel`: as Esc
+        does; else the worker closes it at the next event, saved as 'interrupted')."""
         if self.generating and self._worker is not None:
-            self._cancel.set()
+            if cancel:
+                self._cancel.set()
             try:
-                await asyncio.wait_for(self._worker.wait(), timeout=10)
+                await asyncio.wait_for(self._worker.wait(), timeout=STOP_WAIT_S)
             except (asyncio.TimeoutError, Exception):
                 pass
+
+    async def action_quit(self) -> None:
+        await self._stop_answer()
         self.exit()
+
+    def end_by_signal(self, signum: int) -> None:
+        """SIGTERM or SIGHUP (or the terminal gone): the answer stops ('interrupted', saved),
+        then the app exits the normal way, which restores the terminal."""
+        if self.exit_signal is not None:
+            return
+        self.exit_signal = signum
+        self._interrupt.set()
+
+        async def close() -> None:
+            await self._stop_answer(cancel=False)
+            self.exit(return_code=128 + signum)
+
+        self.run_worker(close(), group="signal")
+
+    def action_retry_save(self) -> None:
+        """ctrl+s: try again to save what storage refused (off the UI thread: a locked
+        database can hold a write for the busy timeout)."""
+        if self._busy("saving again"):
+            return
+        if not self.session.unsaved:
+            self.notify("Everything is saved.")
+            return
+        self.saving = True
+        self.stats_bar.set_state("saving…")
+        self._save_again()
+
+    @work(thread=True, exclusive=True, group="save", exit_on_error=False)
+    def _save_again(self) -> None:
+        count = self.session.unsaved
+        try:
+            problem = self.session.save_pending()
+        except Exception as exc:  # noqa: BLE001 - said, never fatal
+            problem = exc
+        self.post_message(Saved(count, None if problem is None else str(problem)))
+
+    @on(Saved)
+    async def _saved(self, message: Saved) -> None:
+        self.saving = False
+        self.stats_bar.set_state("ready")
+        if message.problem is None:
+            await self.transcript.add_notice(f"Saved {message.count} messages kept in memory.")
+        else:
+            await self.transcript.add_notice(f"Still not saved: {message.problem}", "error")
 
     def on_unmount(self) -> None:
         self._cancel.set()  # however the app ends, a running answer stops (and is saved)
 
     # -- pairs, chats, colours -------------------------------------------------------------
     def _busy(self, doing: str) -> bool:
-        if self.generating or self.loading:
+        if self.generating or self.loading or self.saving:
             self.notify(f"Wait for the answer (esc stops it) before {doing}.", severity="warning")
             return True
         return False
@@ -336,11 +374,19 @@ class ChatApp(App, inherit_bindings=False):
     def action_history(self) -> None:
         if self._busy("opening another chat"):
             return
-        conversations = self.session.store.list_conversations()
+        try:
+            conversations = self.session.store.list_conversations()
+        except MacspecError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
 
         async def chosen(conversation_id: str | None) -> None:
             if conversation_id is not None:
-                self.session.resume(int(conversation_id))
+                try:
+                    self.session.resume(int(conversation_id))
+                except MacspecError as exc:
+                    self.notify(str(exc), severity="error", timeout=8)
+                    return
                 await self._show_conversation()
 
         self.push_screen(HistoryPicker(conversations, self.session.conversation_id), chosen)
@@ -354,58 +400,11 @@ class ChatApp(App, inherit_bindings=False):
         self.stats_bar.set_colours(self.colours)
 
 
-def default_pair_loader(
-    num_draft_tokens: str | None = None,
-    no_draft: bool = False,
-    draft: str | None = None,
-    cache_options=None,
-) -> Callable[[Pair], ChatModels]:
-    """Loads a catalog pair from disk with the command line's draft settings."""
+def __getattr__(name: str):
+    """`make_app` and `default_pair_loader` live in tui/factory.py (which imports ChatApp);
+    `from tui.app import make_app` still works."""
+    if name in {"make_app", "default_pair_loader"}:
+        from tui import factory
 
-    def load(pair: Pair) -> ChatModels:
-        resolved = resolve_models(
-            pair.name, None, None, need_draft=needs_draft_model(draft, no_draft)
-        )
-        return open_models(resolved, num_draft_tokens, no_draft, draft, cache_options)
-
-    return load
-
-
-def make_app(
-    engine: Engine,
-    tokenizer,
-    *,
-    store: Store | None = None,
-    models: ModelInfo | None = None,
-    config: GenerationConfig | None = None,
-    context_length: int | None = None,
-    conversation_id: int | None = None,
-    list_pairs: Callable[[], Sequence[Pair]] | None = None,
-    load_pair: Callable[[Pair], ChatModels] | None = None,
-    warnings: Sequence[str] = (),
-    mask_timings: bool = False,
-    system_prompt: str | None = None,
-    template_args: dict | None = None,
-) -> ChatApp:
-    """The chat app around a ready engine; tests inject tiny models, a fake catalog and loader.
-
-    An unknown `conversation_id` is a MacspecError here, before the app starts.
-    """
-    session = ChatSession(
-        engine,
-        tokenizer,
-        store if store is not None else Store(),
-        conversation_id=conversation_id,
-        config=config,
-        context_length=context_length,
-        models=models,
-        system_prompt=system_prompt,
-        template_args=template_args,
-    )
-    return ChatApp(
-        session,
-        list_pairs=list_pairs if list_pairs is not None else downloaded_pairs,
-        load_pair=load_pair if load_pair is not None else default_pair_loader(),
-        warnings=warnings,
-        mask_timings=mask_timings,
-    )
+        return getattr(factory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

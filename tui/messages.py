@@ -26,11 +26,19 @@ class Chunk(Message):
 
 
 class Finished(Message):
-    """The answer ended (done is None when it crashed; error says why). It is saved."""
+    """The answer ended (done is None when it crashed, error says why, or was interrupted).
+    `not_saved` is why it is not stored as it ended (it is kept in memory), else None."""
 
-    def __init__(self, done: Done | None, figures: Figures, error: str | None) -> None:
+    def __init__(
+        self,
+        done: Done | None,
+        figures: Figures,
+        error: str | None,
+        not_saved: str | None = None,
+    ) -> None:
         super().__init__()
         self.done, self.figures, self.error = done, figures, error
+        self.not_saved = not_saved
 
 
 class Rejected(Message):
@@ -39,6 +47,14 @@ class Rejected(Message):
     def __init__(self, text: str, reason: str) -> None:
         super().__init__()
         self.text, self.reason = text, reason
+
+
+class Saved(Message):
+    """A retry to save what storage refused ended; `problem` is None when all is saved."""
+
+    def __init__(self, count: int, problem: str | None) -> None:
+        super().__init__()
+        self.count, self.problem = count, problem
 
 
 class Noticed(Message):

@@ -70,6 +70,9 @@ class BenchSettings:
     draft_source: str = "model"
     """Where macspec's guesses come from ('model', 'lookup', 'hybrid', 'mtp', 'dflash');
     mlx-lm's are always its draft model's. The cost curve times a draft step and a lookup."""
+    context_length: int | None = None
+    """The target's context window: every tool stops there (macspec says 'context'), so
+    their outputs stay comparable. None: no limit."""
     cache_options: CacheOptions = DEFAULT_CACHE
     """KV cache quantization and size, for macspec and mlx-lm alike."""
     more_sources: tuple[str, ...] = ()
@@ -161,6 +164,9 @@ class Runner:
         max_tokens: int | None = None,
     ) -> RunRecord:
         max_tokens = max_tokens or self.settings.max_tokens
+        context = self.settings.context_length
+        if context is not None and config.tool != MACSPEC:  # mlx-lm would run past it
+            max_tokens = min(max_tokens, context - len(prompt_ids))
         seed = run_seed(self.settings, prompt, repeat)
         mx.clear_cache()
         mx.reset_peak_memory()
@@ -182,7 +188,11 @@ class Runner:
         loaded = self.loaded
         sampling = SamplingParams(temperature=config.temperature, top_p=self.settings.top_p)
         generation = GenerationConfig(
-            max_tokens=max_tokens, sampling=sampling, seed=seed, sampler=config.sampler
+            max_tokens=max_tokens,
+            sampling=sampling,
+            seed=seed,
+            sampler=config.sampler,
+            context_length=self.settings.context_length,
         )
         arrivals: list[float] = []
         passes = proposed = accepted = rejections = first_pass = fed = refed = 0

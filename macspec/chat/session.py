@@ -8,26 +8,37 @@ out, so the prompt's prefix is stable again from the next turn on.
 
 Every user message is saved before generation starts; the answer row is written while it
 streams and finished in a `finally`, so a cancel, a crash or Ctrl-C leaves it saved as far
-as it got and marked incomplete.
+as it got and marked incomplete. When storage fails (a locked database, a read-only file, a
+full disk) nothing is lost: the messages stay in memory, a NotSaved event says why, and the
+Journal saves them at the next chance (the next turn, `save_pending`, quitting).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from macspec.chat.store import ModelInfo, Store, title_for
-from macspec.engine.cached import DEFAULT_CACHE
+from macspec.chat.faults import StorageError
+from macspec.chat.journal import Chat, Journal, Record
+from macspec.chat.pairs import ChatModels, downloaded_pairs, open_models
+from macspec.chat.records import MessageRow
+from macspec.chat.store import ModelInfo, Store
 from macspec.engine.events import Done, Event, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
-from macspec.models.build import build_engine
-from macspec.models.catalog import Pair, ResolvedModels, load_catalog, pair_status
 from macspec.models.reasoning import ReasoningSplitter, reasoning_start
 from macspec.models.templates import encode_messages
+
+__all__ = [
+    "ChatModels",
+    "ChatSession",
+    "ContextTrimmed",
+    "NotSaved",
+    "SessionEvent",
+    "downloaded_pairs",
+    "open_models",
+]
 
 SAVE_EVERY_S = 0.5
 """How often a streaming answer is written to the store (it is always written at its end)."""
@@ -53,7 +64,22 @@ class ContextTrimmed:
         )
 
 
-SessionEvent = ContextTrimmed | Event
+@dataclass(frozen=True)
+class NotSaved:
+    """A write to the chat database failed; what it held is kept in memory and saved later."""
+
+    problem: str
+    """The StorageError's one line: the file and what is wrong."""
+
+    @property
+    def text(self) -> str:
+        return (
+            f"Not saved: {self.problem}. Kept in memory and saved once storage works again "
+            "(ctrl+s retries)."
+        )
+
+
+SessionEvent = ContextTrimmed | NotSaved | Event
 
 
 @dataclass(frozen=True)
@@ -93,9 +119,8 @@ class ChatSession:
         self.system_prompt = system_prompt
         self.template_args = dict(template_args or {})
         """Chat template arguments (--think, --chat-template-args), every turn."""
-        self.conversation_id: int | None = None
-        self.messages: list[dict[str, str]] = []
-        """{'role', 'content'} of the whole conversation, oldest first (what the UI shows)."""
+        self.journal = Journal(store, self.models)
+        """The conversation's messages and which of them are stored."""
         self.first_message = 0
         """Messages before this index are no longer fed to the model (context trimming)."""
         self.last_prompt: list[int] = []
@@ -103,22 +128,52 @@ class ChatSession:
         self.reasoning_start: bool | None = None
         """How the latest turn's answer starts: inside a <think> block (True), outside (False);
         None for a model without think tags. The UI splits the streamed text by it too."""
+        self._answer: Record | None = None
         if conversation_id is not None:
             self.resume(conversation_id)
 
+    @property
+    def conversation_id(self) -> int | None:
+        """The stored conversation's id; None until its first message is saved."""
+        return self.journal.current.conversation_id
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """{'role', 'content'} of the whole conversation, oldest first (what the UI shows)."""
+        return [record.message for record in self.journal.current.records]
+
     # -- conversations -------------------------------------------------------------------
     def new_conversation(self) -> None:
-        """Start over; the next message creates a new stored conversation."""
-        self.conversation_id, self.messages, self.first_message = None, [], 0
+        """Start over; the next message creates a new stored conversation. Unsaved messages
+        of this one are kept (and saved with the next save)."""
+        self.journal.switch(Chat(None, self.models))
+        self.first_message = 0
 
     def resume(self, conversation_id: int) -> None:
         """Load a stored conversation; the next message continues it."""
         stored = self.store.get(conversation_id)
-        self.conversation_id = conversation_id
-        self.messages = [
-            {"role": m.role, "content": m.content} for m in stored.messages if m.role != "system"
+        records = [
+            Record({"role": m.role, "content": m.content}, MessageRow(m.role, m.content), m.id)
+            for m in stored.messages
+            if m.role != "system"
         ]
+        self.journal.switch(Chat(conversation_id, stored.summary.models, records))
         self.first_message = 0
+
+    # -- storage -------------------------------------------------------------------------
+    def save_pending(self) -> StorageError | None:
+        """Try again to store every message not saved yet; None when all is saved."""
+        return self.journal.flush()
+
+    @property
+    def unsaved(self) -> int:
+        """Messages not (fully) stored."""
+        return len(self.journal.unsaved)
+
+    @property
+    def answer_saved(self) -> bool:
+        """Whether the latest answer is stored as it ended."""
+        return self._answer is None or self._answer.saved
 
     def set_engine(
         self,
@@ -175,50 +230,62 @@ class ChatSession:
         """
         if not text.strip():
             raise MacspecError("the message is empty")
-        messages = [*self.messages, {"role": "user", "content": text}]
-        plan = self.plan(messages)
-        if self.conversation_id is None:
-            self.conversation_id = self.store.create_conversation(title_for(text), self.models)
-        self.store.add_message(self.conversation_id, "user", text)
+        user = {"role": "user", "content": text}
+        plan = self.plan([*self.messages, user])
         answer = {"role": "assistant", "content": ""}
-        answer_id = self.store.add_message(
-            self.conversation_id, "assistant", "", complete=False, models=self.models
-        )
+        chat = self.journal.current
+        if chat.conversation_id is None:  # stored with the models of its first saved turn
+            chat.models = self.models
         # The answer is in the history from now on, so turns always alternate.
-        self.messages = [*messages, answer]
-        notice = None
+        chat.records += [
+            Record(user, MessageRow("user", text)),
+            Record(answer, MessageRow("assistant", "", complete=False, models=self.models)),
+        ]
+        self._answer = chat.records[-1]
+        failed = self.journal.flush()  # the user's message, and anything unsaved before it
+        notices: list[ContextTrimmed | NotSaved] = []
         if plan.first_message > self.first_message:
-            notice = ContextTrimmed(plan.first_message, len(plan.ids), self.context_length or 0)
+            notices.append(
+                ContextTrimmed(plan.first_message, len(plan.ids), self.context_length or 0)
+            )
+        if failed is not None:
+            notices.append(NotSaved(str(failed)))
         self.first_message = plan.first_message
         self.last_prompt = plan.ids
         self.reasoning_start = reasoning_start(self.tokenizer, plan.ids)
-        config = replace(self.config, max_tokens=plan.max_tokens)
-        return self._stream(plan.ids, config, answer, answer_id, cancelled, notice)
+        # The engine stops the answer at the context window (finish reason 'context').
+        config = replace(self.config, context_length=self.context_length)
+        return self._stream(plan.ids, config, self._answer, cancelled, notices)
 
     def _stream(
         self,
         ids: list[int],
         config: GenerationConfig,
-        answer: dict[str, str],
-        answer_id: int,
+        record: Record,
         cancelled: Callable[[], bool] | None,
-        notice: ContextTrimmed | None,
+        notices: list[ContextTrimmed | NotSaved],
     ) -> Iterator[SessionEvent]:
         so_far = AnswerSoFar(self.reasoning_start)
         done: Done | None = None
         finish = "interrupted"  # closed early or Ctrl-C, unless we learn better
         saved_at = time.monotonic()
+        # After a failed write, no more writes this turn until its end: a locked database
+        # would hold each one for the busy timeout.
+        writing = record.id is not None
         events = self.engine.generate(ids, config, cancelled)
         try:
-            if notice is not None:
-                yield notice
+            yield from notices
             for event in events:
                 if isinstance(event, Token):
                     so_far.add(event.text, event.source.value)
-                    if time.monotonic() - saved_at >= SAVE_EVERY_S:
-                        answer["content"] = so_far.answer
-                        self.store.update_answer(answer_id, **so_far.row(complete=False))
+                    record.message["content"] = so_far.answer
+                    if writing and time.monotonic() - saved_at >= SAVE_EVERY_S:
+                        _fill(record.row, so_far.row(complete=False))
+                        failed = self.journal.rewrite(record)
                         saved_at = time.monotonic()
+                        if failed is not None:
+                            writing = False
+                            yield NotSaved(str(failed))
                 elif isinstance(event, Done):
                     done = event
                 yield event
@@ -229,19 +296,24 @@ class ChatSession:
             events.close()  # leaves both caches holding exactly what was delivered
             if done is not None:
                 so_far.finish(done.tail)
-                answer["content"] = so_far.answer
-                self.store.update_answer(
-                    answer_id,
-                    **so_far.row(complete=done.finish_reason != "cancelled"),
-                    finish_reason=done.finish_reason,
-                    stats=done.stats.to_dict(),
-                )
+                complete = done.finish_reason != "cancelled"
+                _fill(record.row, so_far.row(complete), done.finish_reason, done.stats.to_dict())
             else:
                 so_far.finish("")
-                answer["content"] = so_far.answer
-                self.store.update_answer(
-                    answer_id, **so_far.row(complete=False), finish_reason=finish
-                )
+                _fill(record.row, so_far.row(complete=False), finish)
+            record.message["content"] = so_far.answer
+            # A stored answer is rewritten; one never stored is saved with its turn now.
+            if record.id is not None:
+                self.journal.rewrite(record)
+            else:
+                self.journal.flush()
+
+
+def _fill(row: MessageRow, fields: dict, finish_reason: str | None = None, stats=None) -> None:
+    """Set an answer's row from AnswerSoFar.row() fields, a finish reason and stats."""
+    row.content, row.complete = fields["content"], fields["complete"]
+    row.token_count, row.reasoning = fields["token_count"], fields["reasoning"]
+    row.sources, row.finish_reason, row.stats = fields["sources"], finish_reason, stats
 
 
 class AnswerSoFar:
@@ -293,60 +365,3 @@ class AnswerSoFar:
             "reasoning": self.reasoning,
             "sources": self.sources,
         }
-
-
-# -- loading a pair for a chat ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ChatModels:
-    """A loaded target (and draft), ready for a ChatSession."""
-
-    engine: Engine
-    """The engine, with its drafter and policy."""
-    tokenizer: object
-    """The target's tokenizer (mlx-lm's TokenizerWrapper)."""
-    models: ModelInfo
-    """What was loaded, as the user named it (stored with each answer)."""
-    context_length: int | None
-    """The pair's context window; from the target's config.json without a pair."""
-    warnings: tuple[str, ...] = ()
-    """Things the user should know about the pair (shown as notices)."""
-
-
-def config_context_length(folder: Path) -> int | None:
-    """`max_position_embeddings` from a model folder's config.json, if it says."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def open_models(
-    resolved: ResolvedModels,
-    num_draft_tokens: str | None = None,
-    no_draft: bool = False,
-    draft: str | None = None,
-    cache_options=None,
-) -> ChatModels:
-    """Load resolved models into an engine (slow: run it off the UI thread)."""
-    engine, loaded = build_engine(
-        resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE
-    )
-    models = ModelInfo(
-        target=resolved.target_name,
-        draft=resolved.draft_name if engine.drafter is not None else None,
-        pair=resolved.pair.name if resolved.pair is not None else None,
-    )
-    if resolved.pair is not None:
-        context = resolved.pair.context_length
-    else:
-        context = config_context_length(resolved.target)
-    return ChatModels(engine, loaded.tokenizer, models, context, tuple(loaded.warnings))
-
-
-def downloaded_pairs() -> list[Pair]:
-    """Catalog pairs whose target and draft are both on this machine."""
-    return [pair for pair in load_catalog().pairs.values() if pair_status(pair).downloaded]

@@ -32,17 +32,22 @@ def fail(message: str) -> None:
     raise MacspecError(message)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point: runs the app, printing user errors as one line on stderr, exit 2."""
+def run_main(argv: Sequence[str] | None = None) -> int:
+    """Run the app, printing user errors as one line on stderr, exit 2 (see `macspec.cli.main`,
+    the entry point, which imports this)."""
     # Prompts are short to encode; parallel tokenizers only warn when the process forks later.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = list(argv) if argv is not None else sys.argv[1:]
+    for arg in args:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:  # bytes the OS could not decode, kept as surrogates
+            raw = arg.encode("utf-8", "surrogateescape")
+            print(f"macspec: error: an argument is not valid UTF-8 text: {raw!r}", file=sys.stderr)
+            return EXIT_USER_ERROR
     command = typer.main.get_command(app)
     try:
-        result = command.main(
-            args=list(argv) if argv is not None else None,
-            prog_name="macspec",
-            standalone_mode=False,
-        )
+        result = command.main(args=args, prog_name="macspec", standalone_mode=False)
     except QuietExit as exc:
         return exc.code
     except MacspecError as exc:

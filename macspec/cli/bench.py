@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +18,7 @@ from macspec.bench.figures import ConfigSummary, LosslessSummary, Spread
 from macspec.bench.report import HOW_COUNTED, Report, plot, report, require_matplotlib, to_json
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.models.catalog import resolve_models
+from macspec.models.catalog import context_length, resolve_models
 
 NEAR_TIE = 0.05
 """A top-1/top-2 logit gap below this is called a near tie: rounding can flip such an argmax."""
@@ -286,7 +287,9 @@ def bench(
             "folder's kind].",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled runs.")] = 0,
+    seed: Annotated[
+        int, typer.Option("--seed", min=0, max=opt.MAX_SEED, help="Seed of the sampled runs.")
+    ] = 0,
     kv_bits: opt.KvBits = None,
     kv_group_size: opt.KvGroupSize = 64,
     quantized_kv_start: opt.QuantizedKvStart = 0,
@@ -375,6 +378,10 @@ def bench(
     for warning in loaded.warnings:
         err.print(f"macspec: warning: {warning}", highlight=False)
     ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
+    context = context_length(resolved)
+    for prompt, prompt_ids in zip(chosen, ids):
+        opt.check_fits(len(prompt_ids), context, resolved.target_name, f"prompt '{prompt.name}'")
+    settings = replace(settings, context_length=context)  # every tool stops there
 
     with _progress_bar(err) as bar:
         task = bar.add_task("loading", total=None)

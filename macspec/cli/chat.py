@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -12,9 +13,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from macspec.chat.store import Conversation, ConversationSummary, Store
+from macspec.chat.store import Conversation, ConversationSummary, Store, default_database_path
 from macspec.cli import options as opt
-from macspec.cli.app import app, fail
+from macspec.cli.app import EXIT_USER_ERROR, app, fail
 from macspec.models.catalog import resolve_models
 
 
@@ -49,13 +50,14 @@ def chat(
     continue_last: Annotated[
         bool, typer.Option("--continue", "-c", help="Continue the latest conversation.")
     ] = False,
-) -> None:
+) -> int:
     """Chat in the terminal; accepted draft guesses are shown in their own colour.
 
     With no model named, the default pair (the shipped demo pair until you choose another
     in config.toml). Conversations are saved in the macspec home (see `macspec history`).
     Keys: Enter sends, ctrl+j new line, Esc stops the answer, ctrl+p pairs, ctrl+n new
-    chat, ctrl+r past chats, ctrl+t source colours, ctrl+q quits.
+    chat, ctrl+r past chats, ctrl+t source colours, ctrl+s saves again what storage
+    refused, ctrl+q quits. An answer stops at the context window (finish reason 'context').
     """
     from macspec.cli.ranks import refuse_under_launch
 
@@ -73,7 +75,7 @@ def chat(
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
-        stop_strings=tuple(stop or ()),
+        stop_strings=opt.stop_strings(stop),
         seed=seed,
         sampler=sampler,
         prefill_step_size=prefill_step_size,
@@ -83,20 +85,18 @@ def chat(
         choose_sampler(sampler, seed)  # before any model loads
     store = Store()
     notes: list[str] = []
-    conversation_id = resume
-    if resume is not None:
-        store.get(resume)  # an unknown id fails now, before any model is loaded
+    conversation_id = store.latest_conversation_id() if continue_last else resume
+    if conversation_id is not None:
+        store.get(conversation_id)  # unknown or unreadable: fails now, before any model loads
     elif continue_last:
-        conversation_id = store.latest_conversation_id()
-        if conversation_id is None:
-            notes.append("there is no stored conversation to continue; this is a new one")
+        notes.append("there is no stored conversation to continue; this is a new one")
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
     loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches)
 
-    from tui.app import default_pair_loader, make_app  # textual only when the UI runs
+    from tui.factory import default_pair_loader, make_app  # textual only when the UI runs
 
     chat_app = make_app(
         loaded.engine,
@@ -110,14 +110,60 @@ def chat(
         warnings=[*loaded.warnings, *notes],
         system_prompt=system,
         template_args=args,
+        exit_on_signals=True,
     )
     chat_app.run()
-    if chat_app.session.conversation_id is not None:
-        print(
+    settle_mlx()
+    saved = report_unsaved(chat_app.session)
+    if saved and chat_app.session.conversation_id is not None:
+        say(
             f"macspec: conversation {chat_app.session.conversation_id} saved "
-            f"(macspec chat --resume {chat_app.session.conversation_id})",
-            file=sys.stderr,
+            f"(macspec chat --resume {chat_app.session.conversation_id})"
         )
+    if chat_app.exit_signal is not None:
+        return 128 + chat_app.exit_signal
+    return 0 if saved else EXIT_USER_ERROR
+
+
+def settle_mlx() -> None:
+    """Wait for work MLX still has queued before the process exits. An answer cut short (a
+    signal, a closed terminal) can leave a step in flight on MLX's own threads, and tearing
+    those down mid-task at exit aborts the process (SIGABRT instead of 128+n)."""
+    import mlx.core as mx
+
+    mx.synchronize()
+
+
+def say(line: str) -> None:
+    """A line on stderr; after a hangup there may be no terminal left to write to."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
+
+
+def report_unsaved(session) -> bool:
+    """At the end of a chat: save what storage refused before; what still cannot be saved
+    goes to a file in a temp folder, and stderr says exactly what it holds. True when
+    everything is saved."""
+    from macspec.chat.journal import describe_unsaved, rescue, rescue_record
+
+    if session.save_pending() is None:
+        return True
+    unsaved = session.journal.unsaved
+    problem = str(session.journal.problem)
+    say(f"macspec: error: {problem}")
+    say(f"macspec: {len(unsaved)} messages could not be saved:")
+    for line in describe_unsaved(unsaved):
+        say(f"  {line}")
+    try:
+        path = rescue(unsaved, session.store.path, problem)
+    except OSError as exc:  # the temp folder is full or read-only too: print them
+        say(f"macspec: cannot write them to a temp folder either ({exc}); here they are:")
+        say(json.dumps(rescue_record(unsaved, session.store.path, problem), indent=2))
+        return False
+    say(f"macspec: they are in {path}")
+    return False
 
 
 # ---- macspec history ----------------------------------------------------------------------
@@ -172,9 +218,24 @@ def _conversation_json(conversation: Conversation) -> dict[str, Any]:
 
 
 @history_app.callback()
-def history(ctx: typer.Context, as_json: AsJson = False) -> None:
+def history(
+    ctx: typer.Context,
+    as_json: AsJson = False,
+    export: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="Write every conversation that can still be read to FILE as JSON ('-': "
+            "stdout); works on a damaged database too, and writes nothing to it.",
+            metavar="FILE",
+        ),
+    ] = None,
+) -> None:
     """List stored conversations, latest first (ids for `macspec chat --resume ID`)."""
     if ctx.invoked_subcommand is not None:
+        return
+    if export is not None:
+        export_history(export)
         return
     conversations = Store().list_conversations()
     if as_json:
@@ -201,6 +262,31 @@ def history(ctx: typer.Context, as_json: AsJson = False) -> None:
             Text(c.title, **cut),
         )
     Console().print(table)
+
+
+def export_history(target: Path) -> None:
+    """`history --export FILE`: what can be read, as `history show --json` records."""
+    from macspec.chat.export import export_readable
+
+    database = default_database_path()
+    if not database.is_file():
+        fail(f"{database}: no chat database to export")
+    result = export_readable(database)
+    text = json.dumps(result.conversations, indent=2) + "\n"
+    if str(target) == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            target.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            fail(f"{target}: cannot write the export: {exc.strerror or exc}")
+    where = "stdout" if str(target) == "-" else str(target)
+    lost = f"; {result.unreadable} rows could not be read" if result.unreadable else ""
+    print(
+        f"macspec: exported {len(result.conversations)} conversations "
+        f"({result.message_count} messages) from {database} to {where}{lost}",
+        file=sys.stderr,
+    )
 
 
 @history_app.command("show")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from macspec.errors import MacspecError
+
+if TYPE_CHECKING:
+    from macspec.engine.cached import CacheOptions
 
 Model = Annotated[
     str | None,
@@ -23,7 +28,14 @@ TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1 =
 TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k likeliest (0 = off).")]
 MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the top one.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens to generate.")]
-Seed = Annotated[int | None, typer.Option("--seed", help="Seed for reproducible sampling.")]
+MAX_SEED = 2**64 - 1
+"""Seeds are unsigned 64-bit integers (MLX's random keys)."""
+Seed = Annotated[
+    int | None,
+    typer.Option(
+        "--seed", min=0, max=MAX_SEED, help="Seed for reproducible sampling (0 to 2^64-1)."
+    ),
+]
 NumDraftTokens = Annotated[
     str | None,
     typer.Option(
@@ -64,6 +76,23 @@ ChatTemplateArgs = Annotated[
         help="Extra chat template arguments as a JSON object, e.g. '{\"enable_thinking\": false}'.",
     ),
 ]
+
+
+def stop_strings(stop: list[str] | None) -> tuple[str, ...]:
+    """`--stop` values; an empty one (it would match everywhere, or be ignored) is an error."""
+    if any(text == "" for text in stop or ()):
+        raise MacspecError("--stop needs some text to stop at; an empty --stop is not allowed")
+    return tuple(stop or ())
+
+
+def check_fits(tokens: int, context: int | None, model: str, what: str = "the prompt") -> None:
+    """A prompt must leave room in the model's context window for at least one token."""
+    if context is not None and tokens >= context:
+        raise MacspecError(
+            f"{what} is {tokens} tokens and the context of {model} holds {context}; shorten it"
+        )
+
+
 Sampler = Annotated[
     str | None,
     typer.Option(
@@ -97,7 +126,9 @@ PrefillStepSize = Annotated[
 ]
 
 
-def cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size):
+def cache_options(
+    kv_bits: int | None, kv_group_size: int, quantized_kv_start: int, max_kv_size: int | None
+) -> CacheOptions:
     """The engine's CacheOptions from the flags (validated there, before any model loads)."""
     from macspec.engine.cached import CacheOptions
 

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.models.catalog import resolve_models
+from macspec.models.catalog import context_length, resolve_models
+
+EXIT_INTERRUPTED = 130
 
 if TYPE_CHECKING:
     from macspec.engine.events import Done
@@ -19,10 +23,28 @@ if TYPE_CHECKING:
 
 
 def read_prompt(prompt: str) -> str:
-    text = sys.stdin.read() if prompt == "-" else prompt
+    """The prompt argument, or stdin for '-'; bytes that are not text are one line."""
+    text = read_stdin() if prompt == "-" else prompt
+    if "\x00" in text:
+        fail("the prompt holds binary data (NUL bytes); give text")
     if not text.strip():
         fail("the prompt is empty")
     return text
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text."""
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is None:  # a text stream (tests)
+        return sys.stdin.read()
+    data = buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(
+            f"stdin is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "give a text prompt"
+        )
 
 
 @app.command()
@@ -56,8 +78,14 @@ def run(
     quantized_kv_start: opt.QuantizedKvStart = 0,
     max_kv_size: opt.MaxKvSize = None,
     prefill_step_size: opt.PrefillStepSize = 2048,
-) -> None:
-    """Answer one prompt with speculative decoding, streaming the text as it comes."""
+) -> int:
+    """Answer one prompt with speculative decoding, streaming the text as it comes.
+
+    The answer ends at an end-of-sequence token ('stop'), a --stop text ('stop_string'),
+    --max-tokens ('length') or the model's context window ('context'); the stats line on
+    stderr ends with which. A prompt longer than the context is refused; Ctrl-C ends the
+    answer with a stats line saying 'interrupted' (exit 130).
+    """
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
     from macspec.cli.ranks import ranks
     from macspec.engine.loop import GenerationConfig
@@ -70,7 +98,7 @@ def run(
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
-        stop_strings=tuple(stop or ()),
+        stop_strings=opt.stop_strings(stop),
         seed=seed,
         sampler=sampler,
         prefill_step_size=prefill_step_size,
@@ -84,7 +112,7 @@ def run(
     # Under mlx.launch every rank answers (the target sharded over them); rank 0 alone writes.
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
-        answer(
+        return answer(
             text, config, resolved, (num_draft_tokens, no_draft, draft, caches), where,
             raw, system, args, as_json,
         )  # fmt: skip
@@ -93,8 +121,10 @@ def run(
 def answer(
     text: str, config: GenerationConfig, resolved: ResolvedModels, engine_args: tuple,
     where: dict[str, Any], raw: bool, system: str | None, args: dict, as_json: bool,
-) -> None:  # fmt: skip
-    """Load, encode, generate and write one answer (stdout), stats on stderr."""
+) -> int:  # fmt: skip
+    """Load, encode, generate and write one answer (stdout), stats on stderr; the exit code."""
+    import mlx.core as mx
+
     from macspec.engine.events import Done, Token
     from macspec.engine.stats import summary_line
     from macspec.models.build import build_engine
@@ -105,18 +135,29 @@ def answer(
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)
+    context = context_length(resolved)
+    opt.check_fits(len(prompt_ids), context, resolved.target_name)
+    config = replace(config, context_length=context)  # the answer stops there ('context')
     inside = reasoning_start(loaded.tokenizer, prompt_ids)
     splitter = ReasoningSplitter(inside) if inside is not None else None
     out = ReasoningWriter(sys.stdout, dim=sys.stdout.isatty())
 
     done: Done | None = None
-    for event in engine.generate(prompt_ids, config):
-        if isinstance(event, Token):
-            split = splitter.feed(event.text) if splitter is not None else None
-            if not as_json:
-                out.write(event.text if split is None else split)
-        elif isinstance(event, Done):
-            done = event
+    tally = Tally(len(prompt_ids))
+    events = engine.generate(prompt_ids, config)
+    try:
+        for event in events:
+            tally.add(event)
+            if isinstance(event, Token):
+                split = splitter.feed(event.text) if splitter is not None else None
+                if not as_json:
+                    out.write(event.text if split is None else split)
+            elif isinstance(event, Done):
+                done = event
+    except KeyboardInterrupt:  # Ctrl-C: end the line, then the stats so far
+        events.close()
+        mx.synchronize()  # a step may be in flight on MLX's threads: not torn down at exit
+        return interrupted(tally, out, as_json)
     assert done is not None
     # Text held back until the end (a possible stop string, a possible tag), split too.
     ending = [done.tail] if splitter is None else [splitter.feed(done.tail), splitter.flush()]
@@ -125,7 +166,7 @@ def answer(
         if splitter is not None:  # the answer and the reasoning apart (--max-tokens counts both)
             record.update(text=splitter.answer, reasoning=splitter.reasoning.rstrip("\n"))
         print(json.dumps(record))
-        return
+        return 0
     for part in ending:
         out.write(part)
     out.close()
@@ -133,6 +174,48 @@ def answer(
         sys.stdout.write("\n")
     sys.stdout.flush()
     print(summary_line(done.stats, done.finish_reason), file=sys.stderr)
+    return 0
+
+
+class Tally:
+    """The stats of a generation as its events come, for when it never reaches its Done."""
+
+    def __init__(self, prompt_tokens: int):
+        from macspec.engine.stats import Stats
+
+        self.stats = Stats(prompt_tokens=prompt_tokens)
+        self.text: list[str] = []
+        self._started = time.perf_counter()
+        self._first: float | None = None
+
+    def add(self, event) -> None:
+        from macspec.engine.events import Cycle, Token
+
+        if isinstance(event, Cycle):
+            self.stats.add_cycle(event)
+        elif isinstance(event, Token):
+            now = time.perf_counter()
+            self._first = now if self._first is None else self._first
+            self.stats.generated_tokens += 1
+            self.stats.ttft_s = self._first - self._started
+            self.stats.decode_s = now - self._first
+            self.text.append(event.text)
+
+
+def interrupted(tally: Tally, out: ReasoningWriter, as_json: bool) -> int:
+    """Ctrl-C mid-answer: a newline after the text so far, a stats line saying 'interrupted'
+    on stderr (or the JSON record so far), exit 130."""
+    from macspec.engine.stats import summary_line
+
+    if as_json:
+        record = {"text": "".join(tally.text), "finish_reason": "interrupted"}
+        print(json.dumps({**record, "stats": tally.stats.to_dict()}))
+    else:
+        out.close()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    print(summary_line(tally.stats, "interrupted"), file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str, Any]:

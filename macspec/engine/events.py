@@ -38,7 +38,8 @@ class Done:
     """The end of a generation. Always the last event, also after a stop or cancel."""
 
     finish_reason: str
-    """'stop' (EOS), 'stop_string', 'length' (max tokens) or 'cancelled'."""
+    """'stop' (EOS), 'stop_string', 'length' (max tokens), 'context' (the context window is
+    full) or 'cancelled'."""
     text: str
     """The whole answer as it should be shown (stop string excluded)."""
     tail: str

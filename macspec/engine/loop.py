@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
+from macspec.engine.config import GenerationConfig
 from macspec.engine.drafters import Drafter
 from macspec.engine.events import Cycle, Done, Event, Source, Token
 from macspec.engine.policy import AutoPolicy, DraftPolicy
@@ -33,30 +34,10 @@ drafting and verifying are timed apart for the policy; the others wait once."""
 MAX_REFEED = 8
 """Most ids a verify pass feeds again after checkpoint restores before a plain step catches up."""
 
+DEFAULT_GENERATION = GenerationConfig()
+"""Greedy, 256 tokens, no stops: what `generate` does when told nothing."""
 
-@dataclass(frozen=True)
-class GenerationConfig:
-    """What to generate and when to stop."""
-
-    max_tokens: int = 256
-    """Most tokens to generate."""
-    sampling: SamplingParams = SamplingParams()
-    """Temperature and filters; the default is greedy."""
-    stop_strings: tuple[str, ...] = ()
-    """Text that ends the answer when it appears (it is not shown)."""
-    seed: int | None = None
-    """Seed for sampled runs; None draws a fresh one."""
-    prefill_step_size: int = 2048
-    """Prompt ids per prefill pass (mlx-lm's --prefill-step-size)."""
-    sampler: str | None = None
-    """Sampled runs: 'coupled' (output identical to plain decoding with the seed, whatever
-    drafts) or 'rejection' (the most guesses kept); None: coupled with a seed, else rejection."""
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise MacspecError(f"--max-tokens must be >= 1, got {self.max_tokens}")
-        if self.prefill_step_size < 1:
-            raise MacspecError(f"--prefill-step-size must be >= 1, got {self.prefill_step_size}")
+__all__ = ["Engine", "GenerationConfig"]  # GenerationConfig lives in engine/config.py
 
 
 @dataclass
@@ -316,10 +297,12 @@ class Engine:
     def generate(
         self,
         prompt: Sequence[int],
-        config: GenerationConfig = GenerationConfig(),
+        config: GenerationConfig = DEFAULT_GENERATION,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[Event]:
         """Yield Token and Cycle events, then one Done.
+
+        The prompt must leave room in `config.context_length`; the answer ends at it.
 
         `cancelled` is polled after every token; when it returns True the generation ends
         with finish_reason 'cancelled' (closing the generator works too, without a Done).
@@ -327,6 +310,7 @@ class Engine:
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise MacspecError("the prompt is empty")
+        config, by_context = config.within_context(len(prompt))
         stats = Stats(prompt_tokens=len(prompt))
         rng = None
         if not config.sampling.greedy:
@@ -368,6 +352,7 @@ class Engine:
                         finish, stopped_at = "stop_string", scanner.released
                         break
                     if len(tokens) >= config.max_tokens:
+                        finish = "context" if by_context else "length"
                         break
                     if cancelled is not None and cancelled():
                         finish = "cancelled"

@@ -13,7 +13,7 @@ from macspec.engine.loop import Engine
 from macspec.engine.mtp import MTPDrafter
 from macspec.engine.policy import make_policy
 from macspec.errors import MacspecError
-from macspec.models.catalog import ResolvedModels
+from macspec.models.catalog import MAX_DRAFT_TOKENS, ResolvedModels
 from macspec.models.drafters import (
     check_dflash,
     check_mtp,
@@ -36,6 +36,18 @@ def check_draft_source(draft: str | None) -> None:
     """`--draft` must name a known source (None: the default); one line otherwise."""
     if draft is not None and draft not in DRAFT_SOURCES:
         raise MacspecError(f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
+
+
+def check_draft_tokens(spec: str | int) -> None:
+    """A fixed `--num-draft-tokens` is bounded as the catalog's draft_policy is."""
+    try:
+        k = int(spec)
+    except (TypeError, ValueError):
+        return  # 'auto', or a typo make_policy reports
+    if k > MAX_DRAFT_TOKENS:
+        raise MacspecError(
+            f"--num-draft-tokens must be between 1 and {MAX_DRAFT_TOKENS} (or 'auto'), got {k}"
+        )
 
 
 def needs_draft_model(draft: str | None, no_draft: bool) -> bool:
@@ -101,6 +113,7 @@ def build_engine(
     spec = num_draft_tokens
     if spec is None:
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
+    check_draft_tokens(spec)
     policy = make_policy(spec)  # validated even with --no-draft: a typo is still an error
     folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
     if group is not None:  # heads that read a sharded target's hidden states: not yet

@@ -8,6 +8,7 @@ of `[[pair]]` tables, so a name given twice in one file is detectable and report
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from macspec.models.memory import MemoryEstimate, estimate, weight_bytes
 
 SHIPPED_CATALOG = Path(__file__).parent.parent / "models.toml"
 DEFAULT_PAIR = "demo"
+MAX_DRAFT_TOKENS = 64
+"""The most guesses per cycle a pair or `--num-draft-tokens` may ask for."""
 DRAFT_POLICIES = ("auto",)
 """Named draft-length policies a pair may recommend; an integer means a fixed k instead."""
 
@@ -168,12 +171,14 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
     if isinstance(policy, str) and policy not in DRAFT_POLICIES:
         named = " or ".join(f'"{p}"' for p in DRAFT_POLICIES)
         raise MacspecError(f"{where}: draft_policy must be {named} or an integer")
-    if isinstance(policy, int) and not 1 <= policy <= 64:
-        raise MacspecError(f"{where}: a fixed draft_policy must be between 1 and 64")
+    if isinstance(policy, int) and not 1 <= policy <= MAX_DRAFT_TOKENS:
+        raise MacspecError(
+            f"{where}: a fixed draft_policy must be between 1 and {MAX_DRAFT_TOKENS}"
+        )
     if entry["context_length"] < 1:
         raise MacspecError(f"{where}: context_length must be positive")
-    if entry["size_gb"] < 0:
-        raise MacspecError(f"{where}: size_gb must not be negative")
+    if not math.isfinite(entry["size_gb"]) or entry["size_gb"] < 0:
+        raise MacspecError(f"{where}: size_gb must be finite and not negative")
     return Pair(**{"draft": None, **entry, "size_gb": float(entry["size_gb"])})
 
 
@@ -230,6 +235,19 @@ def resolve_models(
     else:
         draft_path = None
     return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen)
+
+
+def context_length(resolved: ResolvedModels) -> int | None:
+    """The context window of resolved models: the pair's `context_length`, else
+    `max_position_embeddings` from the target's config.json; None when neither says."""
+    if resolved.pair is not None:
+        return resolved.pair.context_length
+    try:
+        config = json.loads((resolved.target / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _pair_model_path(pair: Pair, name: str) -> Path:

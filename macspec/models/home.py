@@ -47,11 +47,20 @@ def user_catalog_path() -> Path:
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; a syntax error becomes one line with the file, line and column."""
+    """Parse a TOML file; a syntax error or bytes that are not UTF-8 become one line with the
+    file and the line."""
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise MacspecError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise MacspecError(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); "
+            "TOML files must be UTF-8"
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

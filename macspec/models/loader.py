@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,19 +38,56 @@ class LoadedModels:
     """Drafters that read the target's hidden states, by kind ('mtp', 'dflash')."""
 
 
-def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
-    """mlx_lm.load on a local folder, with its failures turned into one-line errors; with an
-    mlx.distributed `group`, mlx-lm's sharded load: each rank keeps its slice of every layer
-    (tensor parallelism, `model.shard`)."""
+# transformers warns on stderr when a prompt passes the tokenizer's model_max_length; macspec
+# checks the context window itself and says so in one line.
+logging.getLogger("transformers.tokenization_utils_base").setLevel(logging.ERROR)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tiktoken.model", "vocab.json", "vocab.txt")
+"""Files one of which a folder needs for mlx-lm to build its tokenizer."""
+
+
+def check_folder(path: Path, role: str) -> None:
+    """A model folder with config.json, whole weights and a tokenizer, or one line saying what
+    is wrong: a truncated download or a missing tokenizer.json is named plainly rather than as
+    whatever the loader trips over."""
     if not (path / "config.json").is_file():
         raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            raise MacspecError(f"{role} {path}: {weights.name} is {problem}; download it again")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise MacspecError(
+            f"{role} {path}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+            "the download is incomplete or this is not an mlx-lm model folder"
+        )
+
+
+LOAD_ERRORS = (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError)
+"""What mlx-lm raises on a folder it cannot load (RuntimeError only from MLX's file reads)."""
+
+
+def cannot_load(exc: Exception, path: Path, role: str) -> MacspecError:
+    """The one-line error for a failed load; a RuntimeError that is no file's fault re-raises."""
+    if isinstance(exc, RuntimeError) and not _is_load_error(exc):
+        raise exc  # a bug, not a file: keep its traceback
+    reason = " ".join(str(exc).split()) or type(exc).__name__  # whole, on one line
+    return MacspecError(f"{role} {path}: cannot load: {reason}")
+
+
+def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
+    """mlx_lm.load on a local folder (checked first), its failures turned into one-line errors;
+    with an mlx.distributed `group`, mlx-lm's sharded load: each rank keeps its slice of every
+    layer (tensor parallelism, `model.shard`)."""
+    check_folder(path, role)
     try:
         if group is not None:
             return load_sharded(path, group)
         return mlx_load(str(path))
-    except (FileNotFoundError, ValueError, KeyError, OSError, AssertionError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+    except AssertionError as exc:  # mlx-lm's sharded load asserts on what it cannot split
+        raise cannot_load(ValueError(str(exc) or "cannot be sharded"), path, role) from None
+    except LOAD_ERRORS as exc:
+        raise cannot_load(exc, path, role) from None
 
 
 def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
@@ -69,20 +107,57 @@ def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
 
 
 def load_weights(path: Path, role: str) -> nn.Module:
-    """The model alone (mlx-lm's load_model): its tokenizer is not loaded."""
-    if not (path / "config.json").is_file():
-        raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
+    """The model alone (mlx-lm's load_model): its tokenizer is not loaded, only checked."""
+    check_folder(path, role)
     try:
         return mlx_load_model(path)[0]
-    except (FileNotFoundError, ValueError, KeyError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise MacspecError(f"{role} {path}: cannot load: {reason}") from None
+    except LOAD_ERRORS as exc:
+        raise cannot_load(exc, path, role) from None
 
 
-def draft_tokenizer(path: Path):
+def draft_tokenizer(path: Path) -> object:
     """A draft folder's tokenizer, with its config's end-of-sequence ids (as mlx_lm.load)."""
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    return load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    except LOAD_ERRORS as exc:
+        raise cannot_load(exc, path, "draft model") from None
+
+
+def _is_load_error(exc: RuntimeError) -> bool:
+    """MLX's own errors reading a weights file ('[load_safetensors] ...', a JSON header)."""
+    text = str(exc)
+    return text.startswith("[load") or "safetensors" in text or "json.exception" in text
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file cannot be loaded ('truncated: ...'), or None when its header
+    parses and its size is what the header says. Reads only the header."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            head = file.read(8)
+            if len(head) < 8:
+                return f"truncated ({size} bytes, not even a header)"
+            header_size = int.from_bytes(head, "little")
+            if header_size > min(size - 8, 100_000_000):
+                return f"damaged or truncated (a {header_size}-byte header in {size} bytes)"
+            header = json.loads(file.read(header_size))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    except ValueError:  # also UnicodeDecodeError
+        return "damaged (its header is not valid JSON)"
+    if not isinstance(header, dict):
+        return "damaged (its header is not a JSON object)"
+    ends = [
+        entry["data_offsets"][1]
+        for name, entry in header.items()
+        if name != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry
+    ]
+    expected = 8 + header_size + max(ends, default=0)
+    if size < expected:
+        return f"truncated ({size} of {expected} bytes)"
+    return None
 
 
 def weight_bytes(model: nn.Module) -> int:

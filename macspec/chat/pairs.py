@@ -1,0 +1,59 @@
+"""Loading a pair for a chat: models resolved and loaded into an engine, with what the
+session needs to know about them (names, context window, warnings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from macspec.chat.records import ModelInfo
+from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
+from macspec.engine.loop import Engine
+from macspec.models.build import build_engine
+from macspec.models.catalog import (
+    Pair,
+    ResolvedModels,
+    context_length,
+    load_catalog,
+    pair_status,
+)
+
+
+@dataclass(frozen=True)
+class ChatModels:
+    """A loaded target (and draft), ready for a ChatSession."""
+
+    engine: Engine
+    """The engine, with its drafter and policy."""
+    tokenizer: object
+    """The target's tokenizer (mlx-lm's TokenizerWrapper)."""
+    models: ModelInfo
+    """What was loaded, as the user named it (stored with each answer)."""
+    context_length: int | None
+    """The pair's context window; from the target's config.json without a pair."""
+    warnings: tuple[str, ...] = ()
+    """Things the user should know about the pair (shown as notices)."""
+
+
+def open_models(
+    resolved: ResolvedModels,
+    num_draft_tokens: str | None = None,
+    no_draft: bool = False,
+    draft: str | None = None,
+    cache_options: CacheOptions | None = None,
+) -> ChatModels:
+    """Load resolved models into an engine (slow: run it off the UI thread)."""
+    engine, loaded = build_engine(
+        resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE
+    )
+    models = ModelInfo(
+        target=resolved.target_name,
+        draft=resolved.draft_name if engine.drafter is not None else None,
+        pair=resolved.pair.name if resolved.pair is not None else None,
+    )
+    context = context_length(resolved)
+    return ChatModels(engine, loaded.tokenizer, models, context, tuple(loaded.warnings))
+
+
+def downloaded_pairs() -> list[Pair]:
+    """Catalog pairs whose target and draft are both on this machine."""
+    return [pair for pair in load_catalog().pairs.values() if pair_status(pair).downloaded]
