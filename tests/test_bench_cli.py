@@ -182,8 +182,8 @@ def test_table_output(folders, capsys):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--k", "0"], "--k must list draft lengths"),
-        (["--k", "two"], "--k must be a comma-separated list"),
+        (["-k", "0"], "-k must list draft lengths"),
+        (["--k", "two"], "-k must be a comma-separated list"),
         (["--temp", "0"], "--temp is the sampling temperature"),
         (["--plot", "out.svg"], "--plot writes a PNG"),
     ],

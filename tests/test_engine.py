@@ -147,7 +147,7 @@ def test_a_run_that_never_guessed_says_why(tok, target, drafts, prompt_ids):
     engine = Engine(target, tok, LookupDrafter(), FixedPolicy(4))
     done, _ = run(engine, tok.encode("xq"), max_tokens=3)
     assert done.stats.draft_proposed == 0
-    assert done.stats.plain_reason == "no guesses: nothing matched to draft from"
+    assert done.stats.plain_reason == "no guesses: the drafter had none worth verifying"
     # With guesses, the line says how many the share is of.
     engine = Engine(target, tok, ModelDrafter(drafts["self"]), FixedPolicy(2))
     done, _ = run(engine, prompt_ids[0], max_tokens=9)

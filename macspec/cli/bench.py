@@ -28,9 +28,9 @@ def parse_ks(text: str) -> tuple[int, ...]:
     try:
         ks = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
     except ValueError:
-        fail(f"--k must be a comma-separated list of draft lengths such as 2,3,4, got {text!r}")
+        fail(f"-k must be a comma-separated list of draft lengths such as 2,3,4, got {text!r}")
     if not ks or any(k < 1 or k > 15 for k in ks):
-        fail(f"--k must list draft lengths from 1 to 15, got {text!r}")
+        fail(f"-k must list draft lengths from 1 to 15, got {text!r}")
     return ks
 
 
@@ -298,8 +298,14 @@ def bench(
     k: Annotated[
         str | None,
         typer.Option(
-            "--k", help="Fixed draft lengths to compare [default: 2,3,4; 3 with --quick]."
+            "--num-draft-tokens",
+            "-k",
+            metavar="N[,N...]",
+            help="Fixed draft lengths to compare [default: 2,3,4; 3 with --quick].",
         ),
+    ] = None,
+    k_alias: Annotated[
+        str | None, typer.Option("--k", hidden=True, help="The old name of -k.")
     ] = None,
     prompts: Annotated[
         Path | None,
@@ -347,6 +353,9 @@ def bench(
         sources = [choose_source(s.strip(), folders) for s in (draft or "").split(",") if s.strip()]
         sources = list(dict.fromkeys(sources or [choose_source(None, folders)]))
 
+    if k is not None and k_alias is not None:
+        fail("pass -k/--num-draft-tokens once (--k is its old name)")
+    k = k if k is not None else k_alias
     ks = parse_ks(k) if k is not None else ((3,) if quick else (2, 3, 4))
     settings = BenchSettings(
         max_tokens=max_tokens if max_tokens is not None else (32 if quick else 128),

@@ -72,6 +72,9 @@ def chat(
     if resume is not None and continue_last:
         fail("--resume and --continue both given; pass one of them")
     args = template_args(think, chat_template_args)  # a bad JSON fails before loading
+    from macspec.models.build import check_draft_flags
+
+    check_draft_flags(num_draft_tokens, no_draft, draft)  # so do -k 0 and contradictions
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),

@@ -41,6 +41,7 @@ NumDraftTokens = Annotated[
     typer.Option(
         "--num-draft-tokens",
         "-k",
+        metavar="N|auto",
         help="Tokens to guess per cycle: a number, or 'auto' (adaptive; the default).",
     ),
 ]

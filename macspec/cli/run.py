@@ -90,11 +90,12 @@ def run(
     from macspec.cli.ranks import ranks
     from macspec.engine.loop import GenerationConfig
     from macspec.engine.sampling import SamplingParams, choose_sampler
-    from macspec.models.build import needs_draft_model
+    from macspec.models.build import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
 
     text = read_prompt(prompt)
     args = template_args(think, chat_template_args)
+    check_draft_flags(num_draft_tokens, no_draft, draft)  # before any model loads
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
@@ -174,6 +175,9 @@ def answer(
         sys.stdout.write("\n")
     sys.stdout.flush()
     print(summary_line(done.stats, done.finish_reason), file=sys.stderr)
+    if not done.tokens and done.finish_reason == "stop":
+        hint = " (--raw sends the prompt without the chat template)" if raw else ""
+        print(f"macspec: the model ended its answer immediately{hint}", file=sys.stderr)
     return 0
 
 

@@ -373,7 +373,7 @@ class Engine:
             stats.plain_reason = (
                 "plain: guessing does not pay on this device"
                 if not any_requested
-                else "no guesses: nothing matched to draft from"
+                else "no guesses: the drafter had none worth verifying"
             )
         if first_at is not None:
             stats.ttft_s = first_at - started

@@ -50,6 +50,17 @@ def check_draft_tokens(spec: str | int) -> None:
         )
 
 
+def check_draft_flags(num_draft_tokens: str | None, no_draft: bool, draft: str | None) -> None:
+    """Every check of -k, --no-draft and --draft that needs no model: run before any loading,
+    so a bad flag is one line at once, not after a model has loaded."""
+    check_draft_source(draft)
+    if no_draft and draft is not None:
+        raise MacspecError(f"--no-draft and --draft {draft} contradict each other; pass one")
+    if num_draft_tokens is not None:
+        check_draft_tokens(num_draft_tokens)
+        make_policy(num_draft_tokens)  # 0, -1 and typos are one line here
+
+
 def needs_draft_model(draft: str | None, no_draft: bool) -> bool:
     """Whether `--draft` / `--no-draft` need a draft folder resolved and loaded at all."""
     return not no_draft and draft != "lookup"
@@ -106,10 +117,8 @@ def build_engine(
     them, the draft replicated, and the engine a `DistributedEngine` whose ranks agree on every
     decision (`watchdog`: kicked by every pass and exchange).
     """
-    check_draft_source(draft)
+    check_draft_flags(num_draft_tokens, no_draft, draft)
     check_distributed_source(draft, group)
-    if no_draft and draft is not None:
-        raise MacspecError(f"--no-draft and --draft {draft} contradict each other; pass one")
     spec = num_draft_tokens
     if spec is None:
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
