@@ -29,6 +29,15 @@ OTHER = Pair(
     description="Another tiny pair",
     size_gb=0.0,
 )
+CURRENT = Pair(
+    name="tiny",
+    target="tiny/target",
+    draft="tiny/draft",
+    draft_policy=3,
+    context_length=4096,
+    description="The tiny pair in use",
+    size_gb=0.0,
+)
 SIZE = (120, 40)
 
 
@@ -43,7 +52,16 @@ def store(tmp_path: Path) -> Store:
 
 
 def build(
-    tok, store, *, max_tokens=40, eos_bias=-1.0, seed=0, loads=None, drafter_of=None, **kwargs
+    tok,
+    store,
+    *,
+    max_tokens=40,
+    eos_bias=-1.0,
+    seed=0,
+    loads=None,
+    drafter_of=None,
+    list_pairs=None,
+    **kwargs,
 ):
     """The app around a fresh tiny pair; returns (app, target, draft)."""
     target, draft = tiny_pair(tok, seed=seed, eos_bias=eos_bias)
@@ -67,7 +85,7 @@ def build(
         store=store,
         models=MODELS,
         config=GenerationConfig(max_tokens=max_tokens),
-        list_pairs=lambda: [OTHER],
+        list_pairs=list_pairs or (lambda: [OTHER]),
         load_pair=load,
         mask_timings=True,
         **kwargs,
@@ -370,6 +388,52 @@ async def test_narrow_terminals_keep_the_numbers_and_drop_the_sparkline_first(to
         for row in ("#status", "#figures"):
             widget = bar.query_one(row)
             assert widget.size.height == 1 and len(str(widget.render())) <= width - 2
+        # the quit key shows in the footer, inside the screen
+        from textual.widgets._footer import FooterKey
+
+        quit_key = next(k for k in app.query(FooterKey) if k.action == "quit")
+        assert quit_key.region.width > 0 and quit_key.region.right <= width
+
+
+@pytest.mark.asyncio
+async def test_small_things_a_new_user_meets(tok, store):
+    """The welcome line names the pair; choosing the pair in use says so rather than
+    'Switched'; the pickers say that Esc closes them."""
+    from tui.widgets.pickers import HistoryPicker, PairPicker
+
+    loads = []
+    app, _, _ = build(tok, store, loads=loads)
+    async with app.run_test(size=(60, 20)) as pilot:
+        assert items(app)[0][1].startswith("Chatting with tiny.")
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, PairPicker))
+        hint = str(app.screen.query_one(".picker-hint").render())
+        assert "esc closes" in hint
+        # the title is not cut at 60 columns
+        title = app.screen.query_one(".picker-title")
+        assert str(title.render()) == "Switch pair" and title.region.right <= 60
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, PairPicker))
+        await pilot.press("ctrl+r")
+        await until(pilot, lambda: isinstance(app.screen, HistoryPicker))
+        assert "esc closes" in str(app.screen.query_one(".picker-hint").render())
+        await pilot.press("escape")
+    # the pair in use, chosen again: no reload, one line
+    app, _, _ = build(tok, store, loads=loads, list_pairs=lambda: [OTHER, CURRENT])
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: isinstance(app.screen, PairPicker))
+        await pilot.press("down", "enter")  # the second option: the pair in use
+        await until(pilot, lambda: any("Already using tiny." == t for _, t in items(app)))
+        assert loads == [] and not any(t.startswith("Switched") for _, t in items(app))
+
+
+def test_the_demo_pair_welcome_says_what_it_can_do():
+    from tui.app import welcome
+
+    line = welcome("demo (demo target + demo draft)", "demo")
+    assert "small Python functions" in line and "macspec pull NAME" in line
+    assert "small Python functions" not in welcome("qwen3-8b", "qwen3-8b")
 
 
 def _snapshot_app(tok, tmp_path: Path) -> ChatApp:
@@ -386,6 +450,12 @@ async def _one_turn(pilot) -> None:
 def test_snapshot_main_screen_after_an_answer(tok, tmp_path, snap_compare):
     app = _snapshot_app(tok, tmp_path)
     assert snap_compare(app, terminal_size=SIZE, run_before=_one_turn)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (60, 20)])
+def test_snapshot_main_screen_on_narrow_terminals(tok, tmp_path, snap_compare, size):
+    app = _snapshot_app(tok, tmp_path)
+    assert snap_compare(app, terminal_size=size, run_before=_one_turn)
 
 
 def test_snapshot_main_screen_colours_off(tok, tmp_path, snap_compare):

@@ -56,6 +56,19 @@ STATS_EVERY_S = 1 / 4
 text itself shows as it comes). The final figures always show."""
 
 
+DEMO_NOTE = (
+    "The demo pair is tiny (3 MB): it writes small Python functions in the standard library's "
+    "style, not conversation (try: Write a Python function `is_even(n)`: Return True if n is "
+    "even). For a real model: `macspec models`, then `macspec pull NAME`."
+)
+
+
+def welcome(label: str, pair: str | None) -> str:
+    """The first line of a new chat: which pair, the keys, and what the demo is for."""
+    line = f"Chatting with {label}. Enter sends, ctrl+j adds a line, esc stops an answer."
+    return f"{line}\n{DEMO_NOTE}" if pair == "demo" else line
+
+
 class ChatApp(App, inherit_bindings=False):
     """Chat with a target/draft pair; accepted draft guesses are shown in their own colour."""
 
@@ -63,6 +76,7 @@ class ChatApp(App, inherit_bindings=False):
     TITLE = "macspec chat"
     ENABLE_COMMAND_PALETTE = False
     BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit"),  # first, so a narrow footer still shows it
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+p", "pick_pair", "Pairs"),
         Binding("ctrl+n", "new_chat", "New chat"),
@@ -70,7 +84,6 @@ class ChatApp(App, inherit_bindings=False):
         Binding("ctrl+t", "toggle_colours", "Colours"),
         Binding("ctrl+o", "toggle_reasoning", "Reasoning", show=False),
         Binding("ctrl+s", "retry_save", "Save again", show=False),
-        Binding("ctrl+q", "quit", "Quit"),  # not inherited, so it comes last in the footer
         Binding("ctrl+c", "help_quit", show=False, system=True),
     ]
 
@@ -114,7 +127,7 @@ class ChatApp(App, inherit_bindings=False):
         yield Transcript(id="transcript")
         yield StatsBar(self.session.models.label, mask_timings=self.mask_timings, id="stats")
         yield PromptInput(id="prompt")
-        yield Footer()
+        yield Footer(compact=True)
 
     @property
     def transcript(self) -> Transcript:
@@ -145,10 +158,7 @@ class ChatApp(App, inherit_bindings=False):
         self.stats_bar.reset()
         session = self.session
         if not session.messages:
-            await transcript.add_notice(
-                f"Chatting with {session.models.label}. Enter sends, ctrl+j adds a line, "
-                "esc stops an answer."
-            )
+            await transcript.add_notice(welcome(session.models.label, session.models.pair))
             return
         await transcript.add_notice(f"Conversation #{session.conversation_id}, resumed.")
         try:
@@ -332,7 +342,9 @@ class ChatApp(App, inherit_bindings=False):
         by_name = {pair.name: pair for pair in pairs}
 
         def chosen(name: str | None) -> None:
-            if name is not None:
+            if name is not None and name == self.session.models.pair:
+                self.call_later(self.transcript.add_notice, f"Already using {name}.")
+            elif name is not None:
                 self.loading = name
                 self.stats_bar.set_state(f"loading {name}…")
                 self._load(by_name[name])

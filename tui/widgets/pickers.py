@@ -16,19 +16,22 @@ from macspec.models.catalog import Pair
 
 
 class _Picker(ModalScreen):
-    """A titled OptionList; Enter picks, Esc closes with None."""
+    """A titled OptionList; Enter picks, Esc closes with None (the hint under the title says
+    so). Title and hint wrap on a narrow terminal rather than being cut."""
 
     BINDINGS = [Binding("escape", "dismiss_none", "Close")]
 
-    def __init__(self, title: str, options: Sequence[Option], empty: str) -> None:
+    def __init__(self, title: str, options: Sequence[Option], empty: str, hint: str = "") -> None:
         super().__init__()
         self.title_text = title
+        self.hint = " · ".join(part for part in (hint, "enter picks, esc closes") if part)
         self.options = list(options)
         self.empty = empty
 
     def compose(self):
         with Vertical(classes="picker"):
             yield Label(self.title_text, classes="picker-title")
+            yield Label(self.hint, classes="picker-hint")
             if self.options:
                 yield OptionList(*self.options)
             else:
@@ -51,9 +54,10 @@ class PairPicker(_Picker):
             for p in pairs
         ]
         super().__init__(
-            "Switch pair (downloaded pairs; `macspec pull NAME` gets more)",
+            "Switch pair",
             options,
             "No downloaded pairs. Run `macspec models` and `macspec pull NAME`.",
+            hint="downloaded pairs; `macspec pull NAME` gets more",
         )
 
 
