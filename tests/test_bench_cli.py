@@ -52,7 +52,7 @@ def bench_args(folders, *extra: str, prompt_file: bool = True) -> list[str]:
         "--quick",
         "--max-tokens",
         "6",
-        "--k",
+        "-k",
         "2",
         *own_prompts,
         *extra,
@@ -163,9 +163,21 @@ def test_a_target_whose_output_differs_is_not_lossless(folders, capsys, monkeypa
     assert all(c["margin"] is not None and c["got"] != c["expected"] for c in bad)
 
 
-def test_table_output(folders, capsys):
+def test_quick_prints_a_short_summary_within_80_columns(folders, capsys):
     assert main(bench_args(folders)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("macspec bench --quick:")
+    assert 5 <= len(lines) <= 10 and all(len(line) <= 80 for line in lines)
+    text = "\n".join(lines)
+    assert "T=0: " in text and "T=0.7: " in text and "speedup over plain: " in text
+    assert "lossless: " in text and "every table: --verbose" in text
+    assert "theory against measurement" not in text
+
+
+def test_table_output(folders, capsys):
+    assert main(bench_args(folders, "--verbose")) == 0
     out = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in out.splitlines())
     for text in (
         "decoding at T=0",
         "decoding at T=0.7",
@@ -183,7 +195,7 @@ def test_table_output(folders, capsys):
     "extra, message",
     [
         (["-k", "0"], "-k must list draft lengths"),
-        (["--k", "two"], "-k must be a comma-separated list"),
+        (["-k", "two"], "-k must be a comma-separated list"),
         (["--temp", "0"], "--temp is the sampling temperature"),
         (["--plot", "out.svg"], "--plot writes a PNG"),
     ],
@@ -328,6 +340,6 @@ def test_a_recurrent_pair_is_benchmarked_with_its_restores_counted(tmp_path, cap
     assert spec["tokens_per_pass"] > 1 and spec["acceptance_rate"] is not None
     assert spec["refed"] > 0 and 0 < spec["refed_share"] < 1
     assert report["lossless"] and all(group["lossless"] for group in report["lossless"])
-    assert main(bench_args(folders)) == 0
+    assert main(bench_args(folders, "--verbose")) == 0
     table = capsys.readouterr().out
     assert "re-" in table and "fed" in table and "mlx-lm refuses to speculate" in table

@@ -43,7 +43,7 @@ HOW_COUNTED = {
     "acceptance_rate": "accepted guesses / proposed guesses, pooled over runs",
     "judged_acceptance": (
         "accepted / (accepted + cycles ending on a rejection): the chance a guess the target "
-        "judged is kept (guesses after a rejection are never judged); the theory's a"
+        "judged is kept (guesses after a rejection are never judged), the a of the formula"
     ),
     "tokens_per_pass": "generated ids (end of sequence excluded) / target passes, pooled",
     "mlx_lm_proposals": (

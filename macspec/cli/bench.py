@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -252,6 +253,38 @@ def render(rep: Report, console: Console) -> None:
         console.print(theory_table(rep))
 
 
+def summary_lines(rep: Report) -> list[str]:
+    """--quick without --verbose: the verdict, the speedups, the losslessness, in a few lines
+    of at most 80 columns."""
+    result = rep.result
+    s = result.settings
+    lines = [
+        f"macspec bench --quick: {rep.models['target']} + {rep.models['draft']}; "
+        f"{len(rep.prompts)} prompts, {s.max_tokens} tokens; {result.seconds:.0f} s"
+    ]
+    for temp in rep.temperatures:
+        rows = [r for r in rep.at(temp) if r.config.draft is not None and r.speedup is not None]
+        if not rows:
+            continue
+        best = max(rows, key=lambda r: r.speedup.median)
+        if best.speedup.median > 1.05:  # within 5%, timing noise could decide it
+            verdict = f"{best.config.name} is fastest, {best.speedup.median:.2f}x plain decoding"
+        else:
+            verdict = "nothing beats plain decoding by 5% here: guessing does not pay"
+        lines.append(f"T={temp:g}: {verdict}")
+        speedups = ", ".join(f"{r.config.name} {r.speedup.median:.2f}x" for r in rows)
+        lines.append(f"speedup over plain: {speedups}")
+    checked = sum(g.checked for g in rep.lossless)
+    identical = sum(g.identical for g in rep.lossless)
+    verdict = "lossless" if checked and identical == checked else "NOT LOSSLESS"
+    lines.append(
+        f"{verdict}: {identical} of {checked} answers identical to their reference "
+        "(greedy: plain decoding; T>0: plain decoding with the same seed)"
+    )
+    lines.append("every table: --verbose; every figure: --json")
+    return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]
+
+
 def _progress_bar(console: Console) -> Progress:
     return Progress(
         TextColumn("{task.description}"),
@@ -321,8 +354,13 @@ def bench(
             "(edit this code, summarise this text: where --draft lookup shines).",
         ),
     ] = "builtin",
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Every table, also with --quick (which summarises)."),
+    ] = False,
     quick: Annotated[
-        bool, typer.Option("--quick", help="About a minute: 4 prompts, 32 tokens, k=3.")
+        bool,
+        typer.Option("--quick", help="About a minute: 4 prompts, 32 tokens, k=3; a short summary."),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
     plot_file: Annotated[
@@ -412,6 +450,11 @@ def bench(
     if as_json:
         typer.echo(json.dumps(to_json(rep), indent=2))
         return
-    render(rep, Console())
+    console = Console(width=min(Console().width, 80))  # tables fit 80 columns
+    if quick and not verbose:
+        for line in summary_lines(rep):
+            console.print(line, highlight=False, soft_wrap=True)
+    else:
+        render(rep, console)
     if plot_file is not None:
         typer.echo(f"plot: {plot_file}")
