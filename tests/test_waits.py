@@ -113,6 +113,8 @@ def test_one_wait_per_cycle(models, monkeypatch, source, policy, temperature):
     assert untimed and max(untimed) == 1
     probes = sum(c.timed for c, _ in spec)
     assert probes <= 4 + len(spec) // PROBE_EVERY + 1
+    if policy.startswith("k="):  # a fixed k prices nothing: no probe, one wait every cycle
+        assert probes == 0 and all(w == 1 for c, w in cycles if c.requested)
 
 
 def test_auto_times_its_choices_on_probe_cycles_only(models, monkeypatch):

@@ -70,7 +70,6 @@ class Engine:
                 self.target.tap(needs, drafter.add_hidden)
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
-        self._eos = mx.array(sorted(self.eos_ids), mx.int32)
         self._cycles_run = 0
         self.drafter = drafter
         self.policy = policy if policy is not None or drafter is None else AutoPolicy()
@@ -228,7 +227,10 @@ class Engine:
         target = self.target
         draws = rng.draws(k, len(context)) if rng is not None else None
         self._cycles_run += 1
-        timed = self._cycles_run <= 4 or self._cycles_run % PROBE_EVERY == 0
+        # Only a policy that prices drafting against verifying needs them timed apart.
+        timed = getattr(self.policy, "wants_timings", True) and (
+            self._cycles_run <= 4 or self._cycles_run % PROBE_EVERY == 0
+        )
         draft = self.drafter.propose(context, k, params, draws, self.policy.confidence_floor)
         guesses = draft.tokens
         if not isinstance(guesses, mx.array):
@@ -255,6 +257,12 @@ class Engine:
         read = mx.concatenate([head, guesses.astype(mx.int32)]).tolist()
         verified = time.perf_counter()
         cut, n, token, counted = read[0], read[1], read[2], read[3 : 3 + read[0]]
+        # Guesses count through the first end of sequence: cut here, on the host, from the
+        # guesses just read (no device work). A kept EOS ends the answer, so the verdict's
+        # token after it is never used.
+        ends = next((i + 1 for i, t in enumerate(counted) if t in self.eos_ids), cut)
+        if ends < cut:
+            cut, n, counted = ends, min(n, ends), counted[:ends]
         draft.tokens = counted  # what the drafter proposed that counted, now known
         # Keep the kept guesses (the new token is fed next cycle); a recurrent model returns
         # to the checkpoint instead and feeds the kept ones again then.
@@ -280,17 +288,12 @@ class Engine:
 
     def _cut(self, guesses: mx.array, confidence: mx.array | None) -> mx.array:
         """How many guesses count, on the device: up to the first one the drafter was less sure
-        of than the policy's floor, and through the first end of sequence."""
-        k = guesses.size
-        cut = mx.array(k, mx.int32)
+        of than the policy's floor (the end of sequence is cut on the host, after the read)."""
+        cut = mx.array(guesses.size, mx.int32)
         floor = self.policy.confidence_floor
         if confidence is not None and floor is not None:
             sure = mx.cumprod((confidence >= floor).astype(mx.int32)).sum()
             cut = mx.minimum(cut, sure)
-        if k and self._eos.size:
-            is_eos = (guesses[:, None].astype(mx.int32) == self._eos[None]).any(axis=-1)
-            first = mx.where(is_eos.any(), mx.argmax(is_eos).astype(mx.int32) + 1, k)
-            cut = mx.minimum(cut, first)
         return cut
 
     # -- events ----------------------------------------------------------------------------

@@ -33,6 +33,8 @@ class FixedPolicy:
     """Always guess k tokens (mlx-lm's `--num-draft-tokens`)."""
 
     confidence_floor = None
+    wants_timings = False
+    """It never prices drafting against verifying: no probe cycle waits after drafting."""
 
     def __init__(self, k: int):
         if k < 1:
