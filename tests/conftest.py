@@ -95,6 +95,16 @@ def network_calls(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return calls
 
 
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny byte-level tokenizer of tests/tiny.py (EOS 257), for engine-level tests."""
+    import tiny
+
+    folder = tmp_path_factory.mktemp("tok")
+    tiny.write_tokenizer(folder)
+    return tiny.tokenizer(folder)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny real mlx-lm llama model folder (config.json, model.safetensors, tokenizer)."""

@@ -24,13 +24,6 @@ from macspec.errors import MacspecError
 MAX_TOKENS = 16
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    tiny.write_tokenizer(folder)
-    return tiny.tokenizer(folder)
-
-
 # target kind -> its drafts: name -> how to build it from the target
 PAIRS = {
     "qwen3_5": {

@@ -17,13 +17,6 @@ PROMPT = "1, 2, 3, 4,"
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    tiny.write_tokenizer(folder)
-    return tiny.tokenizer(folder)
-
-
-@pytest.fixture(scope="module")
 def target():
     return tiny.random_model(0, scale=3.0)
 

@@ -41,13 +41,6 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    tiny.write_tokenizer(folder)
-    return tiny.tokenizer(folder)
-
-
-@pytest.fixture(scope="module")
 def models():
     target = tiny.random_model(0, scale=1.5)  # soft distributions: sampling matters
     return target, {

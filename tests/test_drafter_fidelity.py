@@ -39,13 +39,6 @@ K = 3
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    tiny.write_tokenizer(folder)
-    return tiny.tokenizer(folder)
-
-
 class Recorder:
     """Wraps a drafter: notes each cycle's context, guesses and the logits behind them."""
 

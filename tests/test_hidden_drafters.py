@@ -30,13 +30,6 @@ from macspec.models.drafters import NORM_SUFFIXES, load_dflash, load_mtp, read_c
 MAX_TOKENS = 16
 
 
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    tiny.write_tokenizer(folder)
-    return tiny.tokenizer(folder)
-
-
 def quantized(model: nn.Module) -> nn.Module:
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())

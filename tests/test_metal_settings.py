@@ -23,13 +23,6 @@ EOS = 257
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    tiny.write_tokenizer(folder)
-    return tiny.tokenizer(folder)
-
-
-@pytest.fixture(scope="module")
 def pair():
     target = tiny.random_model(0, scale=3.0)
     return target, tiny.noisy_copy(target, 0.02, seed=1)

@@ -3,10 +3,10 @@ target's own greedy answers, and a conversation that comes back prefills only it
 
 from __future__ import annotations
 
+import losslesskit
 import mlx.core as mx
 import pytest
 import tiny
-from mlx_lm.generate import generate_step
 
 from macspec.engine.cached import CachedModel
 from macspec.engine.drafters import ModelDrafter
@@ -15,25 +15,12 @@ from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import FixedPolicy
 from macspec.serve.prompt_cache import PromptCache, shared_prefix
 
-EOS = 257
 MAX_TOKENS = 10
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tok")
-    tiny.write_tokenizer(folder)
-    return tiny.tokenizer(folder)
 
 
 def reference(model, prompt: list[int]) -> list[int]:
     """mlx-lm greedy decoding of the target alone, cut at (and without) EOS."""
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=MAX_TOKENS):
-        if token == EOS:
-            break
-        out.append(token)
-    return out
+    return losslesskit.reference(model, prompt, MAX_TOKENS)
 
 
 def build(kind: str):
