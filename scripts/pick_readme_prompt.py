@@ -1,11 +1,11 @@
 """Pick README's first prompt by measurement: the held-out prompt the demo pair answers best.
 
-    python scripts/pick_readme_prompt.py            # the first 60 held-out prompts
+    python scripts/pick_readme_prompt.py -n 150     # the first 150 held-out prompts
 
 For each held-out prompt (never trained on) the demo pair answers greedily at k = 4; an answer
-counts only if its code parses as Python, defines the function the prompt names, and ends by
-itself (EOS, not --max-tokens). Among those, prompts are ranked by tokens per target pass, and
-the top few are printed with their answers.
+counts only if its code parses as Python, defines the function the prompt names, ends by
+itself (EOS, not --max-tokens), does not call itself, and repeats no line. Among those, prompts
+are ranked by tokens per target pass, and the top few are printed with their answers.
 """
 
 from __future__ import annotations
@@ -59,6 +59,11 @@ def main() -> None:
             defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         except SyntaxError:
             defined = set()
+        lines = [line.strip() for line in done.text.splitlines() if line.strip()]
+        if len(set(lines)) < len(lines) or (
+            asked and f"{asked.group(1)}(" in done.text.split(":", 1)[-1]
+        ):
+            defined = set()  # a line said twice, or a body that calls the function itself
         per_pass = done.stats.tokens_per_pass or 0.0
         if asked and asked.group(1) in defined and done.finish_reason == "stop":
             scored.append((per_pass, text, done.text, done.stats.acceptance_rate))

@@ -46,6 +46,7 @@ from tui.widgets.pickers import HistoryPicker, PairPicker
 from tui.widgets.prompt import PromptInput
 from tui.widgets.stats_bar import StatsBar
 from tui.widgets.transcript import AnswerMessage, Transcript
+from tui.wording import welcome
 
 STOP_WAIT_S = 10
 """How long quitting waits for a running answer to stop and be saved."""
@@ -54,19 +55,6 @@ EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 STATS_EVERY_S = 1 / 4
 """Most often the stats bar redraws while an answer streams (its figures change slowly; the
 text itself shows as it comes). The final figures always show."""
-
-
-DEMO_NOTE = (
-    "The demo pair is tiny (3 MB): it writes small Python functions in the standard library's "
-    "style, not conversation (try: Write a Python function `is_even(n)`: Return True if n is "
-    "even). For a real model: `macspec models`, then `macspec pull NAME`."
-)
-
-
-def welcome(label: str, pair: str | None) -> str:
-    """The first line of a new chat: which pair, the keys, and what the demo is for."""
-    line = f"Chatting with {label}. Enter sends, ctrl+j adds a line, esc stops an answer."
-    return f"{line}\n{DEMO_NOTE}" if pair == "demo" else line
 
 
 class ChatApp(App, inherit_bindings=False):

@@ -16,7 +16,7 @@ from textual.message import Message
 from macspec.chat.session import ChatSession, ContextTrimmed, NotSaved
 from macspec.chat.store import ModelInfo, StoredMessage
 from macspec.engine.events import Done, Token
-from macspec.engine.stats import acceptance_text, summary_line
+from macspec.engine.stats import acceptance_text, summary_line, token_count
 from macspec.errors import MacspecError
 from tui.live import LiveFigures, without_timings
 from tui.messages import Chunk, Finished, Noticed, Rejected, Started
@@ -101,14 +101,18 @@ def answer_summary(message: Finished, mask_timings: bool = False) -> tuple[str, 
 def stored_summary(message: StoredMessage) -> str:
     """The summary line of an answer loaded from the store (no timings: it is history)."""
     stats = message.stats or {}
-    parts = [f"{message.token_count or 0} tokens"]
+    parts = [token_count(message.token_count or 0)]
     if stats.get("draft_proposed"):
         parts.append(acceptance_text(stats.get("draft_accepted") or 0, stats["draft_proposed"]))
+    elif stats.get("plain_reason"):
+        parts.append(stats["plain_reason"])
     if stats.get("tokens_per_pass") is not None:
         parts.append(f"{stats['tokens_per_pass']:.2f} tokens/pass")
-    parts.append(message.finish_reason or "?")
-    if not message.complete:
-        parts.append("incomplete")
+    reason = message.finish_reason or "?"
+    if reason == "cancelled":  # worded as it was when the answer was stopped
+        parts.append("stopped, saved as incomplete")
+    else:
+        parts.append(reason + ("" if message.complete else ", incomplete"))
     return " · ".join(parts)
 
 

@@ -96,7 +96,8 @@ def chat(
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
-    print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
+    what = resolved.pair.name if resolved.pair is not None else resolved.target_name
+    print(f"macspec: loading {what}…", file=sys.stderr, flush=True)
     loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches)
 
     from tui.factory import default_pair_loader, make_app  # textual only when the UI runs

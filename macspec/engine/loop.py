@@ -374,9 +374,9 @@ class Engine:
             stats.drafter_choice = reason
         if self.drafter is not None and not stats.draft_proposed and stats.target_passes:
             stats.plain_reason = (
-                "plain: guessing does not pay on this device"
+                "plain: guessing does not pay here"
                 if not any_requested
-                else "no guesses: the drafter had none worth verifying"
+                else "no guesses worth verifying"
             )
         if first_at is not None:
             stats.ttft_s = first_at - started

@@ -137,9 +137,14 @@ def acceptance_text(accepted: int, proposed: int) -> str:
     return f"acceptance {accepted / proposed:.0%} of {proposed} {guesses}"
 
 
+def token_count(n: int) -> str:
+    """'1 token', '12 tokens'."""
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
 def summary_line(stats: Stats, finish_reason: str) -> str:
     """The short summary printed after an answer."""
-    parts = [f"{stats.generated_tokens} tokens"]
+    parts = [token_count(stats.generated_tokens)]
     if stats.decode_tokens_per_s is not None:
         parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
     if stats.draft_proposed:
