@@ -89,6 +89,9 @@ def readable_metavars(command) -> None:
         param._usage_display_name = lambda shown=shown: shown
         param.display_type_rich = lambda ctx=None, **_: ""
     for sub in getattr(command, "commands", {}).values():
+        if not sub.short_help and sub.help:  # the whole first sentence, not cut at 45 cells
+            sub.short_help = sub.help.strip().split("\n\n")[0].split(". ")[0].rstrip(".")
+            sub.short_help = " ".join(sub.short_help.split())
         readable_metavars(sub)
 
 

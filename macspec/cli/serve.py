@@ -59,8 +59,10 @@ def serve(
     think: opt.Think = None,
     chat_template_args: opt.ChatTemplateArgs = None,
 ) -> None:
-    """Serve the model over an OpenAI-compatible API (/v1/chat/completions, /v1/completions,
-    /v1/models), with speculative decoding; one generation at a time, requests queued.
+    """Serve the model over an OpenAI-compatible API, with speculative decoding.
+
+    Routes: /v1/chat/completions, /v1/completions, /v1/models, /health. One generation at a
+    time; requests wait in a bounded queue.
 
     Sampling flags are the defaults for requests that leave them out.
     """
