@@ -1,28 +1,23 @@
-"""`macspec bench`: plain, mlx-lm and macspec decoding side by side; this module only renders."""
+"""`macspec bench`: plain, mlx-lm and macspec decoding side by side; the tables are in
+bench_tables.py."""
 
 from __future__ import annotations
 
 import json
-import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from macspec.bench import prompts as prompt_sets
-from macspec.bench.figures import ConfigSummary, LosslessSummary, Spread
-from macspec.bench.report import HOW_COUNTED, Report, plot, report, require_matplotlib, to_json
+from macspec.bench.report import plot, report, require_matplotlib, to_json
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.cli.bench_tables import render, summary_lines
 from macspec.models.catalog import context_length, resolve_models
-
-NEAR_TIE = 0.05
-"""A top-1/top-2 logit gap below this is called a near tie: rounding can flip such an argmax."""
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -33,256 +28,6 @@ def parse_ks(text: str) -> tuple[int, ...]:
     if not ks or any(k < 1 or k > 15 for k in ks):
         fail(f"-k must list draft lengths from 1 to 15, got {text!r}")
     return ks
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _num(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def _with_iqr(value: Spread | None, digits: int, unit: str = "") -> str:
-    """The median and, below it when there is a spread, its quartiles: '1.10–1.31'."""
-    if value is None:
-        return "-"
-    text = f"{value.median:.{digits}f}{unit}"
-    if value.count > 1:
-        text += f"\n[dim]{value.q1:.{digits}f}–{value.q3:.{digits}f}[/]"
-    return text
-
-
-def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
-    table = Table(
-        title=f"decoding at T={temperature:g} (median, IQR)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        collapse_padding=True,
-        pad_edge=False,
-    )
-    table.add_column("config", no_wrap=True)
-    for name in (
-        "tok/s",
-        "speedup",
-        "accept",
-        "tok/\npass",
-        "k",
-        "wait/\npass",
-        "TTFT\nms",
-        "peak\nMB",
-    ):
-        table.add_column(name, justify="right", no_wrap=True)
-    refeeds = any(s.refed for s in rows)  # a target that rolls back by restoring checkpoints
-    if refeeds:
-        table.add_column("re-\nfed", justify="right", no_wrap=True)
-    for s in rows:
-        refed = [_share(s.refed_share) if s.config.tool == "macspec" else "-"] if refeeds else []
-        table.add_row(
-            s.config.name,
-            _with_iqr(s.decode_tokens_per_s, 1),
-            _with_iqr(s.speedup, 2, "x"),
-            _share(s.acceptance_rate),
-            _num(s.tokens_per_pass),
-            _num(s.draft_length, 1) if s.config.draft else "-",
-            _num(s.waits_per_pass),
-            "-" if s.ttft_s is None else f"{s.ttft_s.median * 1000:.0f}",
-            f"{s.peak_memory_bytes / 1e6:.0f}",
-            *refed,
-        )
-    if refeeds:
-        table.caption = (
-            "re-fed: share of the ids verify passes processed that were fed again after a "
-            "checkpoint restore (recurrent and sliding-window caches roll back that way)"
-        )
-        table.caption_justify = "left"
-    return table
-
-
-def _difference(rep: Report, d) -> str:
-    got = "end" if d.got is None else str(d.got)
-    expected = "end" if d.expected is None else str(d.expected)
-    text = f"{rep.prompts[d.prompt].name}#{d.repeat + 1} @{d.position}: {got} vs {expected}"
-    if d.margin is not None:
-        text += f" (gap {d.margin:.3g}{', near tie' if d.margin < NEAR_TIE else ''})"
-    return text
-
-
-def lossless_table(rep: Report, groups: list[LosslessSummary]) -> Table:
-    table = Table(
-        title="lossless: identical ids, prompt by prompt (T>0: coupled, same seed)",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        collapse_padding=True,
-        pad_edge=False,
-    )
-    for name in ("config", "against", "identical", "first differences"):
-        table.add_column(name, no_wrap=name != "first differences")
-    for g in groups:
-        verdict = f"{g.identical}/{g.checked}"
-        style = "green" if g.identical == g.checked else "bold red"
-        shown = [_difference(rep, d) for d in g.differences[:4]]
-        if len(g.differences) > 4:
-            shown.append(f"... {len(g.differences) - 4} more (see --json)")
-        table.add_row(
-            g.config.label, g.reference.label, f"[{style}]{verdict}[/]", "; ".join(shown) or "-"
-        )
-    table.caption = (
-        "first differences: prompt#repeat @position: id vs reference id; gap: the target's "
-        f"top-1 minus top-2 logit there (< {NEAR_TIE}: a near tie rounding can flip)"
-    )
-    table.caption_justify = "left"
-    return table
-
-
-def curve_table(rep: Report, per_row: int = 8) -> Table:
-    """T(m)/T(1) and ms per m, in bands of `per_row` m so it fits an 80-column terminal."""
-    curve = rep.result.curve
-    table = Table(
-        title="verify cost on this device: a target pass over m ids",
-        title_justify="left",
-        box=box.SIMPLE,
-        show_header=False,
-        pad_edge=False,
-    )
-    for _ in range(per_row + 1):
-        table.add_column(justify="right")
-    n = len(curve.relative)
-    for start in range(0, n, per_row):
-        band = range(start, min(n, start + per_row))
-        table.add_row("m", *[f"[bold]{m + 1}[/]" for m in band])
-        table.add_row("T(m)/T(1)", *[f"{curve.relative[m]:.2f}" for m in band])
-        table.add_row("ms", *[f"{curve.target_s[m] * 1000:.1f}" for m in band], end_section=True)
-    table.caption = (
-        (
-            f"draft step: {curve.draft_s * 1000:.2f} ms, c = {curve.draft_cost:.2f} of a target "
-            "pass; "
-            if curve.draft_s is not None
-            else "no draft model to time; "
-        )
-        + f"prompt lookup: {curve.lookup_s * 1e6:.1f} us per guessed id, "
-        f"c = {curve.lookup_cost:.4f}. "
-        "T(m)/T(1) is about m on a CPU, about 1 up to ~8 ids on Apple GPUs."
-    )
-    table.caption_justify = "left"
-    return table
-
-
-def theory_table(rep: Report) -> Table:
-    table = Table(
-        title="theory against measurement",
-        title_justify="left",
-        box=box.SIMPLE_HEAD,
-        collapse_padding=True,
-        pad_edge=False,
-    )
-    for name in (
-        "config",
-        "T",
-        "a",
-        "c",
-        "tok/pass predicted",
-        "measured",
-        "speedup predicted",
-        "measured ",
-    ):
-        table.add_column(name, justify="left" if name == "config" else "right")
-    for t in rep.theory:
-        table.add_row(
-            t.config.name,
-            f"{t.config.temperature:g}",
-            _num(t.alpha),
-            f"{t.c:.3g}",
-            _num(t.predicted_tokens_per_pass),
-            _num(t.measured_tokens_per_pass),
-            _num(t.predicted_speedup) + "x",
-            _num(t.measured_speedup) + "x",
-        )
-    lines = [HOW_COUNTED["predicted_speedup"] + "; a = " + HOW_COUNTED["judged_acceptance"]]
-    for b in rep.best:
-        best = "plain decoding" if b.predicted_k == 0 else f"k={b.predicted_k}"
-        seen = (
-            "-"
-            if b.measured_k is None
-            else ("plain decoding" if b.measured_k == 0 else f"k={b.measured_k}")
-        )
-        lines.append(
-            f"T={b.temperature:g}: with a={b.alpha:.2f} the best is {best} "
-            f"({b.predicted_speedup:.2f}x predicted); measured best: {seen} "
-            f"({_num(b.measured_speedup)}x)"
-        )
-    table.caption = "\n".join(lines)
-    table.caption_justify = "left"
-    return table
-
-
-def render(rep: Report, console: Console) -> None:
-    result = rep.result
-    s = result.settings
-    console.print(
-        f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
-        f" (macspec drafts by {', '.join((s.draft_source, *s.more_sources))}); "
-        f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
-        f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s",
-        highlight=False,
-    )
-    for temp in rep.temperatures:
-        console.print(config_table(rep.at(temp), temp))
-    console.print(
-        "tok/s: "
-        + HOW_COUNTED["decode_tokens_per_s"]
-        + ". speedup: "
-        + HOW_COUNTED["speedup"]
-        + ". mlx-lm's proposals: "
-        + HOW_COUNTED["mlx_lm_proposals"]
-        + ". At T>0 mlx-lm keeps a guess only when its own sample equals the draft's, so its "
-        "acceptance is lower than rejection sampling's.",
-        style="dim",
-        highlight=False,
-    )
-    if not any(c.tool == "mlx-lm" and c.draft for c in result.configs):
-        console.print(
-            "mlx-lm refuses to speculate on this pair (a cache it cannot trim: hybrid, "
-            "recurrent or sliding-window layers), so only its plain decoding runs.",
-            style="dim",
-            highlight=False,
-        )
-    console.print(lossless_table(rep, rep.lossless))
-    if result.curve is not None:
-        console.print(curve_table(rep))
-        console.print(theory_table(rep))
-
-
-def summary_lines(rep: Report) -> list[str]:
-    """--quick without --verbose: the verdict, the speedups, the losslessness, in a few lines
-    of at most 80 columns."""
-    result = rep.result
-    s = result.settings
-    lines = [
-        f"macspec bench --quick: {rep.models['target']} + {rep.models['draft']}; "
-        f"{len(rep.prompts)} prompts, {s.max_tokens} tokens; {result.seconds:.0f} s"
-    ]
-    for temp in rep.temperatures:
-        rows = [r for r in rep.at(temp) if r.config.draft is not None and r.speedup is not None]
-        if not rows:
-            continue
-        best = max(rows, key=lambda r: r.speedup.median)
-        if best.speedup.median > 1.05:  # within 5%, timing noise could decide it
-            verdict = f"{best.config.name} is fastest, {best.speedup.median:.2f}x plain decoding"
-        else:
-            verdict = "nothing beats plain decoding by 5% here: guessing does not pay"
-        lines.append(f"T={temp:g}: {verdict}")
-        speedups = ", ".join(f"{r.config.name} {r.speedup.median:.2f}x" for r in rows)
-        lines.append(f"speedup over plain: {speedups}")
-    checked = sum(g.checked for g in rep.lossless)
-    identical = sum(g.identical for g in rep.lossless)
-    verdict = "lossless" if checked and identical == checked else "NOT LOSSLESS"
-    lines.append(
-        f"{verdict}: {identical} of {checked} answers identical to their reference "
-        "(greedy: plain decoding; T>0: plain decoding with the same seed)"
-    )
-    lines.append("every table: --verbose; every figure: --json")
-    return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]
 
 
 def _progress_bar(console: Console) -> Progress:
@@ -376,19 +121,29 @@ def bench(
     wasted guesses, time to first token, peak memory, whether greedy output is identical to
     plain decoding, and this device's verify-cost curve with the speedup it predicts.
     """
-    from macspec.cli.ranks import refuse_under_launch
-
-    refuse_under_launch("bench")
     from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
-    from macspec.models.build import choose_source, drafter_folders, load_drafters
+    from macspec.cli.ranks import launched, ranks
+    from macspec.models.build import (
+        HEAD_KINDS,
+        check_distributed_source,
+        choose_source,
+        drafter_folders,
+        load_drafters,
+    )
     from macspec.models.templates import encode_prompt
 
+    sharded = launched()  # under mlx.launch: the target is sharded over every rank
     resolved = resolve_models(pair, model, draft_model)
     folders = drafter_folders(resolved, "auto")
+    if sharded:  # heads that read a sharded target's hidden states: not yet
+        folders = {kind: path for kind, path in folders.items() if kind not in HEAD_KINDS}
     if draft == "all":
         sources = [k for k in ("model", "mtp", "dflash") if k in folders] + ["lookup"]
     else:
-        sources = [choose_source(s.strip(), folders) for s in (draft or "").split(",") if s.strip()]
+        named = [s.strip() for s in (draft or "").split(",") if s.strip()]
+        for source in named:
+            check_distributed_source(source, sharded or None)
+        sources = [choose_source(s, folders) for s in named]
         sources = list(dict.fromkeys(sources or [choose_source(None, folders)]))
 
     if k is not None and k_alias is not None:
@@ -420,41 +175,48 @@ def bench(
         fail(f"--plot writes a PNG file; give a name ending in .png, got {plot_file}")
     if plot_file is not None:
         require_matplotlib()
-    err = Console(stderr=True)
-    loaded = load_drafters(resolved, folders, set(sources))
-    for warning in loaded.warnings:
-        err.print(f"macspec: warning: {warning}", highlight=False)
-    ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
-    context = context_length(resolved)
-    for prompt, prompt_ids in zip(chosen, ids):
-        opt.check_fits(len(prompt_ids), context, resolved.target_name, f"prompt '{prompt.name}'")
-    settings = replace(settings, context_length=context)  # every tool stops there
+    # Under mlx.launch every rank runs the same benchmark on its shard; rank 0 alone writes.
+    with ranks() as here:
+        group, watchdog = (None, None) if here is None else (here.group, here.watchdog)
+        if group is not None:
+            settings = replace(settings, ranks=group.size())
+        err = Console(stderr=True)
+        loaded = load_drafters(resolved, folders, set(sources), group)
+        for warning in loaded.warnings:
+            err.print(f"macspec: warning: {warning}", highlight=False)
+        ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
+        context = context_length(resolved)
+        for prompt, prompt_ids in zip(chosen, ids):
+            opt.check_fits(
+                len(prompt_ids), context, resolved.target_name, f"prompt '{prompt.name}'"
+            )
+        settings = replace(settings, context_length=context)  # every tool stops there
 
-    with _progress_bar(err) as bar:
-        task = bar.add_task("loading", total=None)
+        with _progress_bar(err) as bar:
+            task = bar.add_task("loading", total=None)
 
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=what)
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=what)
 
-        result = run_bench(loaded, ids, settings, progress)
-    models = {
-        "target": resolved.target_name,
-        "draft": resolved.draft_name,
-        "target_path": str(resolved.target),
-        "draft_path": str(resolved.draft),
-        "pair": resolved.pair.name if resolved.pair is not None else None,
-    }
-    rep = report(result, chosen, models)
-    if plot_file is not None:
-        plot(rep, plot_file)
-    if as_json:
-        typer.echo(json.dumps(to_json(rep), indent=2))
-        return
-    console = Console(width=min(Console().width, 80))  # tables fit 80 columns
-    if quick and not verbose:
-        for line in summary_lines(rep):
-            console.print(line, highlight=False, soft_wrap=True)
-    else:
-        render(rep, console)
-    if plot_file is not None:
-        typer.echo(f"plot: {plot_file}")
+            result = run_bench(loaded, ids, settings, progress, group, watchdog)
+        models = {
+            "target": resolved.target_name,
+            "draft": resolved.draft_name,
+            "target_path": str(resolved.target),
+            "draft_path": str(resolved.draft),
+            "pair": resolved.pair.name if resolved.pair is not None else None,
+        }
+        rep = report(result, chosen, models)
+        if plot_file is not None and (here is None or here.rank == 0):
+            plot(rep, plot_file)
+        if as_json:
+            typer.echo(json.dumps(to_json(rep), indent=2))
+            return
+        console = Console(width=min(Console().width, 80))  # tables fit 80 columns
+        if quick and not verbose:
+            for line in summary_lines(rep):
+                console.print(line, highlight=False, soft_wrap=True)
+        else:
+            render(rep, console)
+        if plot_file is not None:
+            typer.echo(f"plot: {plot_file}")
