@@ -97,6 +97,10 @@ def test_user_catalog_adds_and_replaces_pairs(hf_cache):
         (pair_toml().replace('"auto"', '"greedy"'), 'draft_policy must be "auto" or an integer'),
         (pair_toml().replace('"auto"', "0"), "draft_policy must be between 1 and 64"),
         (pair_toml(name="Big/One"), "name must be lowercase"),
+        (pair_toml() + "ranks = 0\n", "ranks (machines the target is sharded over) must be"),
+        (pair_toml() + "ranks = 65\n", "must be between 1 and 64"),
+        (pair_toml() + "ranks = 2.0\n", "'ranks' must be an integer"),
+        (pair_toml() + "ranks = true\n", "'ranks' must be an integer"),
         ("models = []\n", "unknown top-level key 'models'"),
         ("pair = 3\n", "'pair' must be an array of tables"),
     ],
@@ -108,6 +112,28 @@ def test_bad_user_catalog_is_one_line_naming_the_file(hf_cache, text, message):
     assert str(info.value).startswith(f"{path}: ")
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_pair_may_ask_for_several_machines(hf_cache):
+    user_catalog(pair_toml() + "ranks = 2\n" + pair_toml(name="one"))
+    pairs = load_catalog().pairs
+    assert (pairs["tiny"].ranks, pairs["one"].ranks) == (2, 1)
+
+
+def test_memory_per_rank_splits_the_target_and_keeps_the_draft_whole(monkeypatch):
+    monkeypatch.setattr(memory, "machine_memory_bytes", lambda: 4 * 10**9)
+    cfg = {"num_hidden_layers": 1, "num_attention_heads": 1, "hidden_size": 1}
+    kv = memory.kv_cache_bytes(cfg, 1000)  # 4000 bytes per model
+    alone = memory.estimate(10**6, [cfg, cfg], 1000)
+    assert alone.per_rank_bytes == alone.total_bytes == 10**6 + 2 * kv
+    # 10**6 bytes of weights, 10**5 of them the draft's: the target's part and its KV over 4
+    four = memory.estimate(10**6, [cfg, cfg], 1000, ranks=4, drafter_weights=10**5)
+    assert four.total_bytes == alone.total_bytes
+    assert four.per_rank_bytes == (9 * 10**5 + kv) // 4 + 10**5 + kv
+    # a machine too small for the whole target fits its share
+    big = memory.estimate(5 * 10**9, [cfg], 8)
+    assert big.fits is False
+    assert memory.estimate(5 * 10**9, [cfg], 8, ranks=2).fits is True
 
 
 def test_fixed_draft_policy_is_an_int(hf_cache):

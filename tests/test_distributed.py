@@ -171,5 +171,33 @@ def test_commands_for_one_machine_refuse_a_launcher(monkeypatch, capsys):
     assert main(["chat"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "macspec: error: macspec chat runs on one machine; across machines (mlx.launch) use "
-        "macspec run"
+        "macspec run, bench"
     ]
+
+
+def test_bench_on_two_ranks_prints_once_from_rank0(pair, tmp_path):
+    """`macspec bench` under mlx.launch: both ranks bench the sharded target, rank 0 alone
+    prints the cost of a pass per m, tokens per pass, the speedups and a lossless line."""
+    launcher = shutil.which("mlx.launch", path=str(Path(sys.executable).parent))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Hello there\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    command = [launcher, "-n", "2", "--backend", "ring", "--", sys.executable, "-m", "macspec"]
+    command += ["bench", "--model", str(pair[0]), "--draft-model", str(pair[1]), "--quick",
+                "--max-tokens", "8", "-k", "2", "--prompts", str(prompts)]  # fmt: skip
+    done = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("macspec bench --quick:") for line in lines) == 1
+    assert sum(line.startswith("target sharded over 2 ranks") for line in lines) == 1
+    [curve] = [line for line in lines if line.startswith("pass over m ids, ms (m=1..8): ")]
+    assert len(curve.split(": ")[1].split()) == 8
+    [per_pass] = [line for line in lines if line.startswith("tokens per pass at T=0: ")]
+    assert "macspec k=2 " in per_pass
+    assert sum(line.startswith("speedup over plain: macspec k=2 ") for line in lines) == 2
+    [lossless] = [line for line in lines if "answers identical" in line]
+    assert lossless.startswith("lossless: ")
+    assert "mlx-lm plain" not in done.stdout

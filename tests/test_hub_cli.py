@@ -158,6 +158,30 @@ def test_models_table(capsys, cached_model, tiny_pair):
     assert " ~" in qwen and ("yes~" in qwen or "no~" in qwen)
 
 
+def test_models_shows_memory_per_rank_for_a_sharded_pair(capsys, cached_model, tiny_pair):
+    """A pair whose target needs 2 machines: the table and --json show what each one holds."""
+    tiny_pair.write_text(tiny_pair.read_text().replace('name = "tiny"', 'name = "tiny"\nranks = 2'))
+    cached_model("test/tiny-target")
+    draft = cached_model("test/tiny-draft")
+    code, out, _ = cli(capsys, "models", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    tiny, alone = rows["tiny"], rows["qwen3-8b"]
+    assert (tiny["ranks"], alone["ranks"]) == (2, 1)
+    assert alone["memory_per_rank_bytes"] == alone["memory_bytes"]
+    target_part = tiny["memory_bytes"] - files_weights(draft) - tiny["kv_cache_bytes"] // 2
+    per_rank = -(-target_part // 2) + files_weights(draft) + tiny["kv_cache_bytes"] // 2
+    assert tiny["memory_per_rank_bytes"] == per_rank < tiny["memory_bytes"]
+    code, out, _ = cli(capsys, "models")
+    assert code == 0
+    line = next(line for line in out.splitlines() if "tiny " in line)
+    assert "2×" in line
+    assert "N×: on each of N machines" in " ".join(out.split())
+
+
+def files_weights(folder) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
 def test_models_estimates_pairs_that_are_not_downloaded(capsys, monkeypatch):
     monkeypatch.setattr("macspec.models.memory.machine_memory_bytes", lambda: 64 * 10**9)
     code, out, _ = cli(capsys, "models", "--json")

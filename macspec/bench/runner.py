@@ -31,6 +31,7 @@ from macspec.bench.figures import (
 from macspec.bench.theory import CostCurve
 from macspec.bench.waits import WaitCounter
 from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
+from macspec.engine.distributed import DistributedEngine
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import DraftPolicy, make_policy
@@ -77,6 +78,9 @@ class BenchSettings:
     """KV cache quantization and size, for macspec and mlx-lm alike."""
     more_sources: tuple[str, ...] = ()
     """Other drafters macspec also runs, at the same k and auto, side by side."""
+    ranks: int = 1
+    """Ranks the target is sharded over (mlx.launch). Above 1, macspec's rows only: mlx-lm's
+    decoding cannot run on a sharded target; macspec plain is the baseline."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 2:
@@ -102,12 +106,16 @@ def plan_configs(settings: BenchSettings, mlx_lm_speculates: bool = True) -> lis
     """The configurations, greedy first: plain (both tools), mlx-lm at each k, macspec too.
 
     mlx-lm's speculative rows are left out where it refuses to speculate (a target or draft
-    whose cache it cannot trim: hybrid, recurrent, a sliding window).
+    whose cache it cannot trim: hybrid, recurrent, a sliding window), and all of them on a
+    target sharded over several ranks.
     """
     configs = []
+    mlx_lm = settings.ranks == 1
     for temp in (0.0, settings.temperature):
-        configs += [BenchConfig(MACSPEC, None, temp), BenchConfig(MLX_LM, None, temp)]
-        if mlx_lm_speculates:
+        configs.append(BenchConfig(MACSPEC, None, temp))
+        if mlx_lm:
+            configs.append(BenchConfig(MLX_LM, None, temp))
+        if mlx_lm and mlx_lm_speculates:
             configs += [BenchConfig(MLX_LM, str(k), temp) for k in settings.ks]
         configs += [BenchConfig(MACSPEC, str(k), temp) for k in settings.ks]
         if settings.auto:
@@ -143,11 +151,17 @@ def run_seed(settings: BenchSettings, prompt: int, repeat: int) -> int:
 
 
 class Runner:
-    """Runs one configuration on one prompt over models loaded once."""
+    """Runs one configuration on one prompt over models loaded once.
 
-    def __init__(self, loaded: LoadedModels, settings: BenchSettings):
+    With an mlx.distributed `group` (a target sharded over its ranks) every rank runs the same
+    schedule, and each macspec engine is a `DistributedEngine`: the ranks agree on every k.
+    """
+
+    def __init__(self, loaded: LoadedModels, settings: BenchSettings, group=None, watchdog=None):
         self.loaded = loaded
         self.settings = settings
+        self.group = group
+        self.watchdog = watchdog
         self.mlx_lm_speculates = loaded.draft is not None and all(
             can_trim_prompt_cache(make_prompt_cache(m)) for m in (loaded.target, loaded.draft)
         )
@@ -215,6 +229,8 @@ class Runner:
             loaded.vocab_size,
             self.settings.cache_options,
         )
+        if self.group is not None:
+            engine = DistributedEngine(engine, self.group, self.watchdog)
         for event in engine.generate(prompt_ids, generation):
             if isinstance(event, Token):
                 if not arrivals:
@@ -331,10 +347,15 @@ def run_bench(
     prompt_ids: list[list[int]],
     settings: BenchSettings,
     progress: Progress | None = None,
+    group=None,
+    watchdog=None,
 ) -> BenchResult:
-    """Warm up, measure the cost curve, run the schedule, check losslessness."""
+    """Warm up, measure the cost curve, run the schedule, check losslessness. With an
+    mlx.distributed `group`, every rank calls this alike (the target sharded over them)."""
     started = time.perf_counter()
-    runner = Runner(loaded, settings)
+    if group is not None and group.size() != settings.ranks:
+        raise MacspecError(f"settings for {settings.ranks} rank(s), a group of {group.size()}")
+    runner = Runner(loaded, settings, group, watchdog)
     configs = plan_configs(settings, runner.mlx_lm_speculates)
     result = BenchResult(settings, configs, prompt_ids)
     order = schedule(configs, len(prompt_ids), settings.repeats)
@@ -342,6 +363,8 @@ def run_bench(
     done = 0
 
     def step(what: str) -> None:
+        if watchdog is not None:  # the cost curve's passes show progress too
+            watchdog.kick()
         if progress is not None:
             progress(done, total, what)
 

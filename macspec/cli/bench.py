@@ -1,4 +1,5 @@
-"""`macspec bench`: plain, mlx-lm and macspec decoding side by side; this module only renders."""
+"""`macspec bench`: plain, mlx-lm and macspec decoding side by side; the tables are in
+bench_tables.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from macspec.bench import prompts as prompt_sets
 from macspec.bench.report import plot, report, require_matplotlib, to_json
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.cli.bench_view import render, summary_lines
+from macspec.cli.bench_tables import render, summary_lines
 from macspec.models.catalog import context_length, resolve_models
 
 
@@ -120,19 +121,29 @@ def bench(
     wasted guesses, time to first token, peak memory, whether greedy output is identical to
     plain decoding, and this device's verify-cost curve with the speedup it predicts.
     """
-    from macspec.cli.ranks import refuse_under_launch
-
-    refuse_under_launch("bench")
     from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
-    from macspec.models.build import choose_source, drafter_folders, load_drafters
+    from macspec.cli.ranks import launched, ranks
+    from macspec.models.build import (
+        HEAD_KINDS,
+        check_distributed_source,
+        choose_source,
+        drafter_folders,
+        load_drafters,
+    )
     from macspec.models.templates import encode_prompt
 
+    sharded = launched()  # under mlx.launch: the target is sharded over every rank
     resolved = resolve_models(pair, model, draft_model)
     folders = drafter_folders(resolved, "auto")
+    if sharded:  # heads that read a sharded target's hidden states: not yet
+        folders = {kind: path for kind, path in folders.items() if kind not in HEAD_KINDS}
     if draft == "all":
         sources = [k for k in ("model", "mtp", "dflash") if k in folders] + ["lookup"]
     else:
-        sources = [choose_source(s.strip(), folders) for s in (draft or "").split(",") if s.strip()]
+        named = [s.strip() for s in (draft or "").split(",") if s.strip()]
+        for source in named:
+            check_distributed_source(source, sharded or None)
+        sources = [choose_source(s, folders) for s in named]
         sources = list(dict.fromkeys(sources or [choose_source(None, folders)]))
 
     if k is not None and k_alias is not None:
@@ -164,41 +175,48 @@ def bench(
         fail(f"--plot writes a PNG file; give a name ending in .png, got {plot_file}")
     if plot_file is not None:
         require_matplotlib()
-    err = Console(stderr=True)
-    loaded = load_drafters(resolved, folders, set(sources))
-    for warning in loaded.warnings:
-        err.print(f"macspec: warning: {warning}", highlight=False)
-    ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
-    context = context_length(resolved)
-    for prompt, prompt_ids in zip(chosen, ids):
-        opt.check_fits(len(prompt_ids), context, resolved.target_name, f"prompt '{prompt.name}'")
-    settings = replace(settings, context_length=context)  # every tool stops there
+    # Under mlx.launch every rank runs the same benchmark on its shard; rank 0 alone writes.
+    with ranks() as here:
+        group, watchdog = (None, None) if here is None else (here.group, here.watchdog)
+        if group is not None:
+            settings = replace(settings, ranks=group.size())
+        err = Console(stderr=True)
+        loaded = load_drafters(resolved, folders, set(sources), group)
+        for warning in loaded.warnings:
+            err.print(f"macspec: warning: {warning}", highlight=False)
+        ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
+        context = context_length(resolved)
+        for prompt, prompt_ids in zip(chosen, ids):
+            opt.check_fits(
+                len(prompt_ids), context, resolved.target_name, f"prompt '{prompt.name}'"
+            )
+        settings = replace(settings, context_length=context)  # every tool stops there
 
-    with _progress_bar(err) as bar:
-        task = bar.add_task("loading", total=None)
+        with _progress_bar(err) as bar:
+            task = bar.add_task("loading", total=None)
 
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=what)
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=what)
 
-        result = run_bench(loaded, ids, settings, progress)
-    models = {
-        "target": resolved.target_name,
-        "draft": resolved.draft_name,
-        "target_path": str(resolved.target),
-        "draft_path": str(resolved.draft),
-        "pair": resolved.pair.name if resolved.pair is not None else None,
-    }
-    rep = report(result, chosen, models)
-    if plot_file is not None:
-        plot(rep, plot_file)
-    if as_json:
-        typer.echo(json.dumps(to_json(rep), indent=2))
-        return
-    console = Console(width=min(Console().width, 80))  # tables fit 80 columns
-    if quick and not verbose:
-        for line in summary_lines(rep):
-            console.print(line, highlight=False, soft_wrap=True)
-    else:
-        render(rep, console)
-    if plot_file is not None:
-        typer.echo(f"plot: {plot_file}")
+            result = run_bench(loaded, ids, settings, progress, group, watchdog)
+        models = {
+            "target": resolved.target_name,
+            "draft": resolved.draft_name,
+            "target_path": str(resolved.target),
+            "draft_path": str(resolved.draft),
+            "pair": resolved.pair.name if resolved.pair is not None else None,
+        }
+        rep = report(result, chosen, models)
+        if plot_file is not None and (here is None or here.rank == 0):
+            plot(rep, plot_file)
+        if as_json:
+            typer.echo(json.dumps(to_json(rep), indent=2))
+            return
+        console = Console(width=min(Console().width, 80))  # tables fit 80 columns
+        if quick and not verbose:
+            for line in summary_lines(rep):
+                console.print(line, highlight=False, soft_wrap=True)
+        else:
+            render(rep, console)
+        if plot_file is not None:
+            typer.echo(f"plot: {plot_file}")

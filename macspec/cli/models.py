@@ -66,6 +66,8 @@ def _status_json(status: PairStatus) -> dict:
         "weights_bytes": memory.weights_bytes,
         "kv_cache_bytes": memory.kv_cache_bytes,
         "memory_bytes": memory.total_bytes,
+        "ranks": pair.ranks,
+        "memory_per_rank_bytes": memory.per_rank_bytes,
         "available_memory_bytes": memory.available_bytes,
         "fits": memory.fits,
         "estimated": memory.estimated,
@@ -80,7 +82,9 @@ def _status_rows(statuses: list[PairStatus]) -> list[list[str]]:
         downloaded = "yes" if not missing else "partly" if missing < len(pair.members) else "no"
         on_disk = [s for s in (status.target_size_bytes, status.draft_size_bytes) if s is not None]
         mark = "~" if memory.estimated else ""
-        mem = mark + _gb(memory.total_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
+        mem = mark + _gb(memory.per_rank_bytes) + ("" if memory.kv_cache_bytes is not None else "+")
+        if pair.ranks > 1:  # per machine, on each of `ranks`
+            mem = f"{pair.ranks}×{mem}"
         fits = {True: "yes", False: "no", None: "?"}[memory.fits]
         fits += mark if memory.fits is not None else ""
         rows.append(
@@ -118,9 +122,15 @@ def _status_table(statuses: list[PairStatus], width: int) -> Table:
         description = row[-1] if len(row[-1]) <= room else row[-1][: room - 1] + "…"
         table.add_row(*row[:-1], *([description] if with_description else []))
     total, usable = machine_memory_bytes(), usable_memory_bytes()
+    sharded = ""
+    if any(s.pair.ranks > 1 for s in statuses):
+        sharded = (
+            "N×: on each of N machines (mlx.launch), the target's weights and KV cache over N "
+            "plus the draft whole; fits: this machine as one of them. "
+        )
     table.caption = (
         f"memory: weights + KV cache at the full context; ~: estimated from the "
-        f"catalog's published sizes until pulled; +/?: KV cache unknown. "
+        f"catalog's published sizes until pulled; +/?: KV cache unknown. {sharded}"
         f"This machine: {_gb(total)}, {_gb(usable)} for models."
     )
     return table
@@ -163,16 +173,20 @@ def _warn_memory(pair: Pair | None, repos: list[str], download_bytes: int) -> No
     """Warn on stderr when the pair (or model) will not fit this machine's memory."""
     if pair is not None:
         configs = [hub.download_config(m) if hub.is_repo_id(m) else None for m in pair.members]
-        need = estimate(int(pair.size_gb * 1e9), configs, pair.context_length)
+        need = estimate(int(pair.size_gb * 1e9), configs, pair.context_length, ranks=pair.ranks)
     else:
         need = estimate(download_bytes, [], 0)
     if need.fits is False:
         _stderr().print(
             f"macspec: warning: {pair.name if pair else repos[0]} needs about "
-            f"{_gb(need.total_bytes)} of memory; this machine can give models "
+            f"{_gb(need.per_rank_bytes)} of memory{_per_rank(need)}; this machine can give models "
             f"{_gb(need.available_bytes)}. It may not run, or run slowly.",
             highlight=False,
         )
+
+
+def _per_rank(memory) -> str:
+    return f" on each of {memory.ranks} machines" if memory.ranks > 1 else ""
 
 
 def _ask_if_too_big(pair: Pair, yes: bool) -> None:
@@ -182,8 +196,8 @@ def _ask_if_too_big(pair: Pair, yes: bool) -> None:
     if memory.fits is not False:
         return
     _stderr().print(
-        f"macspec: warning: {pair.name} needs about {_gb(memory.total_bytes)} of memory "
-        f"(weights + KV cache at {pair.context_length} tokens"
+        f"macspec: warning: {pair.name} needs about {_gb(memory.per_rank_bytes)} of memory"
+        f"{_per_rank(memory)} (weights + KV cache at {pair.context_length} tokens"
         f"{', estimated' if memory.estimated else ''}); this machine can give models "
         f"{_gb(memory.available_bytes)}. It may not run, or run slowly.",
         highlight=False,

@@ -53,6 +53,9 @@ class Pair:
     """An MTP head for the target (a drafter folder in mlx-vlm's qwen3_5_mtp format), if any."""
     dflash: str | None = None
     """A DFlash block drafter for the target (z-lab's format), if any."""
+    ranks: int = 1
+    """Machines the target is meant to be sharded over (mlx.distributed ranks, `mlx.launch`);
+    1: one machine. The drafters are replicated on every rank."""
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -119,10 +122,13 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "size_gb": ((int, float), "a number"),
     "mtp": ((str,), "a string"),
     "dflash": ((str,), "a string"),
+    "ranks": ((int,), "an integer"),
 }
 
 
-_OPTIONAL = {"draft", "mtp", "dflash"}
+MAX_RANKS = 64
+"""The most machines a pair may ask for (a sanity bound: a typo, not a cluster)."""
+_OPTIONAL = {"draft", "mtp", "dflash", "ranks"}
 """Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
 
 
@@ -177,6 +183,11 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
         )
     if entry["context_length"] < 1:
         raise MacspecError(f"{where}: context_length must be positive")
+    if not 1 <= entry.get("ranks", 1) <= MAX_RANKS:
+        raise MacspecError(
+            f"{where}: ranks (machines the target is sharded over) must be between 1 and "
+            f"{MAX_RANKS}"
+        )
     if not math.isfinite(entry["size_gb"]) or entry["size_gb"] < 0:
         raise MacspecError(f"{where}: size_gb must be finite and not negative")
     return Pair(**{"draft": None, **entry, "size_gb": float(entry["size_gb"])})
@@ -292,16 +303,18 @@ def pair_status(pair: Pair) -> PairStatus:
     paths = [found[pair.target], found.get(pair.draft) if pair.draft else None]
     sizes = [hub.size_on_disk(p) if p is not None else None for p in paths]
     present = list(found.values())
+    drafters = 0  # weights every rank holds whole; until pulled, the download counts as split
     if all(p is not None for p in present):
         weights = sum(weight_bytes(p) for p in present)  # type: ignore[arg-type]
+        drafters = weights - weight_bytes(found[pair.target])  # type: ignore[arg-type]
     else:
         weights = int(pair.size_gb * 1e9)
-    configs = [_model_config(name, path) for name, path in found.items()]
+    configs = [_model_config(name, path) for name, path in found.items()]  # the target first
     # Not downloaded: the architecture facts the catalog ships, marked as an estimate.
     known = [known_config(name) if c is None else None for name, c in zip(found, configs)]
     estimated = any(k is not None for k in known)
     configs = [c if c is not None else k for c, k in zip(configs, known)]
-    memory = estimate(weights, configs, pair.context_length, estimated)
+    memory = estimate(weights, configs, pair.context_length, estimated, pair.ranks, drafters)
     missing = tuple(m for m, p in found.items() if p is None)
     return PairStatus(pair, paths[0], paths[1], sizes[0], sizes[1], memory, missing)
 

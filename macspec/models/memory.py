@@ -115,6 +115,11 @@ class MemoryEstimate:
     """The memory a pair may use here (USABLE_FRACTION of the total); None if unknown."""
     estimated: bool = False
     """True when a KV size comes from the catalog's published facts, not a downloaded config."""
+    ranks: int = 1
+    """Machines the target is sharded over (a pair's `ranks`); 1: one machine."""
+    replicated_bytes: int = 0
+    """Of the total, what every rank holds whole: the drafters' weights (when on disk) and KV
+    caches. The rest, the target's weights and KV cache, is split over the ranks."""
 
     @property
     def total_bytes(self) -> int:
@@ -122,21 +127,38 @@ class MemoryEstimate:
         return self.weights_bytes + (self.kv_cache_bytes or 0)
 
     @property
+    def per_rank_bytes(self) -> int:
+        """What one machine holds: the target's weights and KV cache over the ranks (tensor
+        parallelism splits every layer's weights and KV heads; pipeline stages split the
+        layers), plus the drafters whole. The total on one machine."""
+        shared = self.total_bytes - self.replicated_bytes
+        return -(-shared // self.ranks) + self.replicated_bytes
+
+    @property
     def fits(self) -> bool | None:
-        """Whether the pair fits this machine; None when this machine's memory is unknown, or
-        when the weights fit but the KV cache size is not known yet."""
+        """Whether the pair fits this machine (its share, for a target over several ranks);
+        None when this machine's memory is unknown, or when the weights fit but the KV cache
+        size is not known yet."""
         if self.available_bytes is None:
             return None
-        if self.total_bytes > self.available_bytes:
+        if self.per_rank_bytes > self.available_bytes:
             return False
         return None if self.kv_cache_bytes is None else True
 
 
 def estimate(
-    weights: int, configs: list[dict | None], context_length: int, estimated: bool = False
+    weights: int,
+    configs: list[dict | None],
+    context_length: int,
+    estimated: bool = False,
+    ranks: int = 1,
+    drafter_weights: int = 0,
 ) -> MemoryEstimate:
-    """Combine weight bytes and each model's config (None when unknown) into an estimate;
-    `estimated` marks configs taken from the catalog's facts rather than the model's files."""
+    """Combine weight bytes and each model's config (None when unknown; the target's first)
+    into an estimate; `estimated` marks configs taken from the catalog's facts rather than the
+    model's files. Over several `ranks`, the drafters (`drafter_weights` and the KV caches of
+    every config after the first) are on every rank whole."""
     kv_parts = [kv_cache_bytes(c, context_length) if c is not None else None for c in configs]
     kv = None if any(part is None for part in kv_parts) else sum(kv_parts)  # type: ignore[arg-type]
-    return MemoryEstimate(weights, kv, usable_memory_bytes(), estimated)
+    replicated = drafter_weights + sum(part or 0 for part in kv_parts[1:]) if ranks > 1 else 0
+    return MemoryEstimate(weights, kv, usable_memory_bytes(), estimated, ranks, replicated)

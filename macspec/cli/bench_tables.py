@@ -1,5 +1,4 @@
-"""How `macspec bench` shows a report: its tables (rich, at most 80 columns) and the short
-summary of --quick."""
+"""The tables and summary lines of `macspec bench`: only rendering, from a Report."""
 
 from __future__ import annotations
 
@@ -12,6 +11,10 @@ from rich.table import Table
 from macspec.bench.figures import ConfigSummary, LosslessSummary, Spread
 from macspec.bench.report import HOW_COUNTED, Report
 
+SHARDED_NOTE = (
+    "mlx-lm's rows are left out: its decoding does not run on a target sharded over ranks; "
+    "speedups are over macspec plain decoding on the same sharded target."
+)
 NEAR_TIE = 0.05
 """A top-1/top-2 logit gap below this is called a near tie: rounding can flip such an argmax."""
 
@@ -118,9 +121,10 @@ def lossless_table(rep: Report, groups: list[LosslessSummary]) -> Table:
 
 def curve_table(rep: Report, per_row: int = 8) -> Table:
     """T(m)/T(1) and ms per m, in bands of `per_row` m so it fits an 80-column terminal."""
-    curve = rep.result.curve
+    curve, ranks = rep.result.curve, rep.result.settings.ranks
+    where = f"over {ranks} ranks" if ranks > 1 else "on this device"
     table = Table(
-        title="verify cost on this device: a target pass over m ids",
+        title=f"verify cost {where}: a target pass over m ids",
         title_justify="left",
         box=box.SIMPLE,
         show_header=False,
@@ -204,7 +208,8 @@ def render(rep: Report, console: Console) -> None:
         f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
         f" (macspec drafts by {', '.join((s.draft_source, *s.more_sources))}); "
         f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
-        f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s",
+        f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s"
+        + (f"; the target sharded over {s.ranks} ranks" if s.ranks > 1 else ""),
         highlight=False,
     )
     for temp in rep.temperatures:
@@ -221,7 +226,9 @@ def render(rep: Report, console: Console) -> None:
         style="dim",
         highlight=False,
     )
-    if not any(c.tool == "mlx-lm" and c.draft for c in result.configs):
+    if s.ranks > 1:
+        console.print(SHARDED_NOTE, style="dim", highlight=False)
+    elif not any(c.tool == "mlx-lm" and c.draft for c in result.configs):
         console.print(
             "mlx-lm refuses to speculate on this pair (a cache it cannot trim: hybrid, "
             "recurrent or sliding-window layers), so only its plain decoding runs.",
@@ -243,6 +250,8 @@ def summary_lines(rep: Report) -> list[str]:
         f"macspec bench --quick: {rep.models['target']} + {rep.models['draft']}; "
         f"{len(rep.prompts)} prompts, {s.max_tokens} tokens; {result.seconds:.0f} s"
     ]
+    if s.ranks > 1:
+        lines += sharded_lines(rep)
     for temp in rep.temperatures:
         rows = [r for r in rep.at(temp) if r.config.draft is not None and r.speedup is not None]
         if not rows:
@@ -264,3 +273,24 @@ def summary_lines(rep: Report) -> list[str]:
     )
     lines.append("every table: --verbose; every figure: --json")
     return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]
+
+
+def sharded_lines(rep: Report) -> list[str]:
+    """On a target sharded over ranks: the cost of a pass per m ids and tokens per pass."""
+    result = rep.result
+    lines = [f"target sharded over {result.settings.ranks} ranks (mlx.distributed); {SHARDED_NOTE}"]
+    curve = result.curve
+    if curve is not None:
+        shown = range(min(8, len(curve.target_s)))
+        lines.append(
+            f"pass over m ids, ms (m=1..{len(shown)}): "
+            + " ".join(f"{curve.target_s[m] * 1000:.1f}" for m in shown)
+        )
+        lines.append("T(m)/T(1): " + " ".join(f"{curve.relative[m]:.2f}" for m in shown))
+    rows = [r for r in rep.at(0.0) if r.config.draft is not None and r.tokens_per_pass]
+    if rows:
+        lines.append(
+            "tokens per pass at T=0: "
+            + ", ".join(f"{r.config.name} {r.tokens_per_pass:.2f}" for r in rows)
+        )
+    return lines
