@@ -59,8 +59,8 @@ def main() -> None:
             defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         except SyntaxError:
             defined = set()
-        lines = [line.strip() for line in done.text.splitlines() if line.strip()]
-        if len(set(lines)) < len(lines) or (
+        said = [line.strip() for line in done.text.splitlines() if line.strip()]
+        if len(set(said)) < len(said) or (
             asked and f"{asked.group(1)}(" in done.text.split(":", 1)[-1]
         ):
             defined = set()  # a line said twice, or a body that calls the function itself

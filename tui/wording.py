@@ -4,8 +4,9 @@ from __future__ import annotations
 
 DEMO_NOTE = (
     "The demo pair is tiny (3 MB): it writes small Python functions in the standard library's "
-    "style, not conversation (try: Write a Python function `is_even(n)`: Return True if n is "
-    "even). For a real model: `macspec models`, then `macspec pull NAME`."
+    "style, not conversation. Try:\n"
+    "Write a Python method `Misc.keys(self)`: Return a list of all resource names of this widget."
+    "\nFor a real model, quit and run `macspec models`, then `macspec pull NAME`."
 )
 
 
