@@ -394,10 +394,12 @@ class ChatApp(App, inherit_bindings=False):
     def action_toggle_reasoning(self) -> None:
         self.transcript.toggle_reasoning()
 
-    def action_toggle_colours(self) -> None:
+    async def action_toggle_colours(self) -> None:
         self.colours = not self.colours
         self.set_class(self.colours, "-sources")
         self.stats_bar.set_colours(self.colours)
+        if self._answer is not None:  # the answer streaming: its Markdown view catches up
+            await self._answer.catch_up()
 
 
 def __getattr__(name: str):

@@ -79,6 +79,8 @@ class AnswerMessage(Vertical):
         self._stored_sources = list(sources or [])
         self._spans = Text()
         self._stream: MarkdownStream | None = None
+        self._views_behind = False
+        """Text written while only the coloured view showed, not yet in the Markdown one."""
         self._splitter: ReasoningSplitter | None = None
         self.draft_tokens = 0
         self.target_tokens = 0
@@ -145,19 +147,39 @@ class AnswerMessage(Vertical):
         self.query_one(".spans", Static).update(self._spans)
         await self._write("".join(answer))
 
+    @property
+    def _coloured_view(self) -> bool:
+        """Whether the source-coloured spans are what shows (the Markdown view is hidden)."""
+        return self.has_class("-has-sources") and self.app.has_class("-sources")
+
     async def _write(self, fragment: str) -> None:
         if not fragment:
             return
         start = max(0, len(self.text) - 200)  # a marker may straddle the fragment's start
         self.text += fragment
+        if self.has_class("-plain") and looks_like_markdown(self.text[start:]):
+            self.set_class(False, "-plain")  # once Markdown, it stays Markdown
+        if self._coloured_view:
+            # Parsing Markdown nobody sees costs the generating thread the GIL: the hidden
+            # views catch up at once when shown (ctrl+t) or when the answer ends.
+            self._views_behind = True
+            return
+        await self.catch_up()
+        if not self.has_class("-plain"):
+            if self._stream is None:
+                self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
+            await self._stream.write(fragment)
+
+    async def catch_up(self) -> None:
+        """Bring the hidden views (Markdown, preformatted) up to the text so far."""
         if self.has_class("-plain"):
-            if looks_like_markdown(self.text[start:]):
-                self.set_class(False, "-plain")  # once Markdown, it stays Markdown
-            else:
-                self.query_one(".plain", Static).update(Text(self.text))
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
-        await self._stream.write(fragment)
+            self.query_one(".plain", Static).update(Text(self.text))
+        if self._views_behind:
+            self._views_behind = False
+            if self._stream is not None:
+                await self._stream.stop()
+                self._stream = None
+            await self.query_one(".body", Markdown).update(self.text)
 
     async def finish(self, tail: str, summary: str) -> None:
         """The answer ended: flush held-back text, stop the stream, show the summary."""
@@ -175,6 +197,8 @@ class AnswerMessage(Vertical):
         if self._stream is not None:
             await self._stream.stop()
             self._stream = None
+        self._views_behind = True  # the final text, whichever view shows
+        await self.catch_up()
         self.set_summary(summary)
 
     def set_summary(self, summary: str) -> None:
