@@ -22,7 +22,7 @@ from macspec.engine.policy import AutoPolicy, DraftPolicy
 from macspec.engine.sampling import Randomness, SamplingParams, choose_sampler, probabilities
 from macspec.engine.stats import Stats
 from macspec.engine.stops import StopScanner
-from macspec.engine.verify import greedy_verdict, sampled_verdict
+from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
 from macspec.engine.wired import wired_limit
 from macspec.errors import MacspecError
 
@@ -242,7 +242,7 @@ class Engine:
         target.checkpoint()
         ids = mx.concatenate([mx.array(pending, mx.uint32), guesses.astype(mx.uint32)])
         logits = target.forward(ids)[-(guesses.size + 1) :, : self.vocab_size]
-        cut = self._cut(guesses, draft.confidence)
+        cut = counted_guesses(guesses, draft.confidence, self.policy.confidence_floor)
         if params.greedy:
             accepted, token = greedy_verdict(logits, guesses, cut)
         elif rng.noise is not None:  # coupled: the target's own seeded picks, kept while equal
@@ -257,6 +257,17 @@ class Engine:
         read = mx.concatenate([head, guesses.astype(mx.int32)]).tolist()
         verified = time.perf_counter()
         cut, n, token, counted = read[0], read[1], read[2], read[3 : 3 + read[0]]
+        return self._settle(context, draft, cut, n, token, counted, requested, pending,
+                            guesses.size, timed, begun, drafted, verified)  # fmt: skip
+
+    def _settle(
+        self, context: list[int], draft, cut: int, n: int, token: int, counted: list[int],
+        requested: int, pending: list[int], proposed_ids: int, timed: bool, begun: float,
+        drafted: float, verified: float,
+    ) -> tuple[Cycle, list[int]]:  # fmt: skip
+        """After the cycle's one read: cut at an end of sequence, keep the kept guesses, roll
+        both models back, and record the cycle."""
+        target = self.target
         # Guesses count through the first end of sequence: cut here, on the host, from the
         # guesses just read (no device work). A kept EOS ends the answer, so the verdict's
         # token after it is never used.
@@ -280,21 +291,11 @@ class Engine:
             draft_steps=draft.steps,
             draft_fed=draft.fed,
             draft_source=draft.source if cut else None,
-            fed=len(pending) + guesses.size,
+            fed=len(pending) + proposed_ids,
             refed=len(pending) - 1,
             timed=timed,
         )
         return cycle, kept
-
-    def _cut(self, guesses: mx.array, confidence: mx.array | None) -> mx.array:
-        """How many guesses count, on the device: up to the first one the drafter was less sure
-        of than the policy's floor (the end of sequence is cut on the host, after the read)."""
-        cut = mx.array(guesses.size, mx.int32)
-        floor = self.policy.confidence_floor
-        if confidence is not None and floor is not None:
-            sure = mx.cumprod((confidence >= floor).astype(mx.int32)).sum()
-            cut = mx.minimum(cut, sure)
-        return cut
 
     # -- events ----------------------------------------------------------------------------
     def generate(

@@ -31,6 +31,18 @@ class Verdict:
     """The target's own token after them: the correction, or the bonus when all were kept."""
 
 
+def counted_guesses(
+    guesses: mx.array, confidence: mx.array | None, floor: float | None
+) -> mx.array:
+    """How many guesses count, on the device: up to the first one the drafter was less sure
+    of than the policy's floor (the end of sequence is cut on the host, after the read)."""
+    cut = mx.array(guesses.size, mx.int32)
+    if confidence is not None and floor is not None:
+        sure = mx.cumprod((confidence >= floor).astype(mx.int32)).sum()
+        cut = mx.minimum(cut, sure)
+    return cut
+
+
 def greedy_verdict(logits: mx.array, guesses: mx.array, cut: mx.array) -> tuple[mx.array, mx.array]:
     """(accepted, token) on the device. logits: (k + 1, V) rows scoring each guess position and
     the one after; guesses: (k,) ids; cut: how many of them count."""

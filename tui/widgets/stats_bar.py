@@ -63,7 +63,7 @@ class StatsBar(Vertical):
         yield Static(id="status")
         with Horizontal(id="figures-row"):
             yield Static(id="figures")
-            yield Static("acceptance/cycle ", id="sparkline-label")
+            yield Static(" · acceptance/cycle ", id="sparkline-label")
             yield AcceptanceSparkline([], id="acceptance")
         yield Static(id="sources")
 
@@ -128,7 +128,7 @@ class StatsBar(Vertical):
         line = figures_line(figures, self.mask_timings, cells)
         label = self.query_one("#sparkline-label", Static)
         sparkline = self.query_one("#acceptance", Sparkline)
-        room = None if cells is None else cells - len(line) - len("acceptance/cycle ") - 1
+        room = None if cells is None else cells - len(line) - len(" · acceptance/cycle ") - 1
         sparkline.display = label.display = room is None or room >= SPARKLINE_MIN
         if room is not None and sparkline.display:
             sparkline.styles.width = min(30, room)
