@@ -62,7 +62,7 @@ def test_history_lists_and_shows(home, capsys):
     "argv, message",
     [
         (["history", "show", "42"], "no conversation with id 42"),
-        (["history", "show", "abc"], "'conversation_id'"),
+        (["history", "show", "abc"], "'CONVERSATION_ID'"),
         (["chat", "--resume", "42"], "no conversation with id 42"),
         (["chat", "--resume", "1", "--continue"], "--resume and --continue"),
         (["chat", "--model", "/no/such/folder"], "no such model folder"),
