@@ -105,6 +105,14 @@ def tok(tmp_path_factory: pytest.TempPathFactory):
     return tiny.tokenizer(folder)
 
 
+@pytest.fixture
+def store(tmp_path: Path):
+    """A chat store in the test's own folder."""
+    from macspec.chat.store import Store
+
+    return Store(tmp_path / "chats.db")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny real mlx-lm llama model folder (config.json, model.safetensors, tokenizer)."""

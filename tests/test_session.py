@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from chatkit import tiny_engine, tiny_pair, tiny_tokenizer
+from chatkit import tiny_engine, tiny_pair
 
 from macspec.chat import session as session_module
 from macspec.chat.session import ChatSession, ContextTrimmed
-from macspec.chat.store import ModelInfo, Store
+from macspec.chat.store import ModelInfo
 from macspec.engine.events import Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
 
 MODELS = ModelInfo(target="tiny/target", draft="tiny/draft", pair="tiny")
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory: pytest.TempPathFactory):
-    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "chats.db")
 
 
 def answer(events) -> Done:

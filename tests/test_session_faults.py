@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from chatkit import tiny_engine, tiny_pair, tiny_tokenizer
+from chatkit import tiny_engine, tiny_pair
 from faultkit import locked, read_only
 
 from macspec.chat import session as session_module
@@ -20,11 +19,6 @@ from macspec.engine.events import Done, Token
 from macspec.engine.loop import GenerationConfig
 
 MODELS = ModelInfo(target="tiny/target", draft="tiny/draft", pair="tiny")
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory: pytest.TempPathFactory):
-    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 def session_for(tok, store: Store, max_tokens: int = 24, **kwargs) -> ChatSession:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from chatkit import tiny_engine, tiny_pair, tiny_tokenizer
+from chatkit import tiny_engine, tiny_pair
 
 from macspec.chat.session import ChatModels
 from macspec.chat.store import ModelInfo, Store
@@ -39,16 +39,6 @@ CURRENT = Pair(
     size_gb=0.0,
 )
 SIZE = (120, 40)
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory: pytest.TempPathFactory):
-    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "chats.db")
 
 
 def build(

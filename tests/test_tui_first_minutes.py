@@ -3,23 +3,8 @@ choosing the pair in use; snapshots at 80x24 and 60x20 (120x40 is in test_tui)."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from chatkit import tiny_tokenizer
 from test_tui import CURRENT, OTHER, SIZE, _one_turn, _snapshot_app, ask, build, items, until
-
-from macspec.chat.store import Store
-
-
-@pytest.fixture(scope="module")
-def tok(tmp_path_factory: pytest.TempPathFactory):
-    return tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "chats.db")
 
 
 @pytest.mark.asyncio
