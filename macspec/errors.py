@@ -15,3 +15,14 @@ class QuietExit(Exception):
     def __init__(self, code: int = 2):
         super().__init__(code)
         self.code = code
+
+
+def read_user_text(path, what: str) -> str:
+    """A file the user named (`what` is its flag, e.g. '--prompts'), as UTF-8 text; a missing
+    or unreadable one is one line."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MacspecError(f"{what} {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise MacspecError(f"{what} {path}: cannot read it ({exc})") from None

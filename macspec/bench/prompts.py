@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from macspec.errors import MacspecError
+from macspec.errors import MacspecError, read_user_text
 
 
 @dataclass(frozen=True)
@@ -138,12 +138,7 @@ def load_prompts(path: Path) -> list[BenchPrompt]:
 
     The file is JSONL when its first non-empty line starts with '{'. Empty lines are skipped.
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MacspecError(f"--prompts {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MacspecError(f"--prompts {path}: cannot read it ({exc})") from None
+    text = read_user_text(path, "--prompts")
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
         raise MacspecError(f"--prompts {path}: the file has no prompts")

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from macspec.errors import MacspecError
+from macspec.errors import MacspecError, read_user_text
 
 ROLES = ("system", "user", "assistant")
 
@@ -33,12 +33,7 @@ def read_prompts(path: Path, what: str = "--prompts") -> list[TunePrompt]:
     """Prompts from a file, one per line: `{"prompt": TEXT}`, `{"messages": [...]}` (a trailing
     assistant turn is dropped: the target answers anew), a JSON string, or a plain text line.
     Blank lines are skipped; no prompt at all is an error."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MacspecError(f"{what} {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise MacspecError(f"{what} {path}: cannot read: {exc}") from None
+    text = read_user_text(path, what)
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
