@@ -62,19 +62,16 @@ def chat(
     from macspec.cli.ranks import refuse_under_launch
 
     refuse_under_launch("chat")
-    # MLX and mlx-lm load here, not at import: `macspec --help` and `history` stay instant.
-    from macspec.chat.session import open_models
-    from macspec.engine.loop import GenerationConfig
+    # Every check that loads nothing heavy first: a bad flag or id is one line at once.
+    from macspec.engine.config import GenerationConfig
     from macspec.engine.sampling import SamplingParams, choose_sampler
-    from macspec.models.build import needs_draft_model
+    from macspec.models.flags import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
 
     if resume is not None and continue_last:
         fail("--resume and --continue both given; pass one of them")
-    args = template_args(think, chat_template_args)  # a bad JSON fails before loading
-    from macspec.models.build import check_draft_flags
-
-    check_draft_flags(num_draft_tokens, no_draft, draft)  # so do -k 0 and contradictions
+    check_draft_flags(num_draft_tokens, no_draft, draft)  # -k 0, contradictions
+    args = template_args(think, chat_template_args)  # a bad JSON
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
@@ -85,19 +82,22 @@ def chat(
     )
     caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
     if temp > 0:
-        choose_sampler(sampler, seed)  # before any model loads
+        choose_sampler(sampler, seed)
     store = Store()
     notes: list[str] = []
     conversation_id = store.latest_conversation_id() if continue_last else resume
     if conversation_id is not None:
-        store.get(conversation_id)  # unknown or unreadable: fails now, before any model loads
+        store.get(conversation_id)  # unknown or unreadable
     elif continue_last:
         notes.append("there is no stored conversation to continue; this is a new one")
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
     what = resolved.pair.name if resolved.pair is not None else resolved.target_name
+    # Said before mlx-lm loads (seconds): the user sees at once that something happens.
     print(f"macspec: loading {what}…", file=sys.stderr, flush=True)
+    from macspec.chat.session import open_models
+
     loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches)
 
     from tui.factory import default_pair_loader, make_app  # textual only when the UI runs

@@ -13,7 +13,7 @@ from macspec.engine.loop import Engine
 from macspec.engine.mtp import MTPDrafter
 from macspec.engine.policy import make_policy
 from macspec.errors import MacspecError
-from macspec.models.catalog import MAX_DRAFT_TOKENS, ResolvedModels
+from macspec.models.catalog import ResolvedModels
 from macspec.models.drafters import (
     check_dflash,
     check_mtp,
@@ -23,47 +23,17 @@ from macspec.models.drafters import (
     load_mtp,
     read_config,
 )
+from macspec.models.flags import (  # noqa: F401  (re-exported: the CLI's names for them)
+    DRAFT_SOURCES,
+    HEAD_KINDS,
+    check_draft_flags,
+    check_draft_source,
+    check_draft_tokens,
+    needs_draft_model,
+)
 from macspec.models.home import macspec_home
 from macspec.models.loader import LoadedModels, load_models
 from macspec.models.memory import kv_cache_bytes
-
-DRAFT_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash", "auto")
-HEAD_KINDS = ("mtp", "dflash")
-"""Drafters that read the target's hidden states; loaded from their own folders."""
-
-
-def check_draft_source(draft: str | None) -> None:
-    """`--draft` must name a known source (None: the default); one line otherwise."""
-    if draft is not None and draft not in DRAFT_SOURCES:
-        raise MacspecError(f"--draft must be one of {', '.join(DRAFT_SOURCES)}, got {draft!r}")
-
-
-def check_draft_tokens(spec: str | int) -> None:
-    """A fixed `--num-draft-tokens` is bounded as the catalog's draft_policy is."""
-    try:
-        k = int(spec)
-    except (TypeError, ValueError):
-        return  # 'auto', or a typo make_policy reports
-    if k > MAX_DRAFT_TOKENS:
-        raise MacspecError(
-            f"--num-draft-tokens must be between 1 and {MAX_DRAFT_TOKENS} (or 'auto'), got {k}"
-        )
-
-
-def check_draft_flags(num_draft_tokens: str | None, no_draft: bool, draft: str | None) -> None:
-    """Every check of -k, --no-draft and --draft that needs no model: run before any loading,
-    so a bad flag is one line at once, not after a model has loaded."""
-    check_draft_source(draft)
-    if no_draft and draft is not None:
-        raise MacspecError(f"--no-draft and --draft {draft} contradict each other; pass one")
-    if num_draft_tokens is not None:
-        check_draft_tokens(num_draft_tokens)
-        make_policy(num_draft_tokens)  # 0, -1 and typos are one line here
-
-
-def needs_draft_model(draft: str | None, no_draft: bool) -> bool:
-    """Whether `--draft` / `--no-draft` need a draft folder resolved and loaded at all."""
-    return not no_draft and draft != "lookup"
 
 
 def drafter_folders(resolved: ResolvedModels, draft: str | None) -> dict[str, Path]:
