@@ -9,7 +9,7 @@ import typer
 from macspec.errors import MacspecError
 
 if TYPE_CHECKING:
-    from macspec.engine.cached import CacheOptions
+    from macspec.engine.config import CacheOptions
 
 Model = Annotated[
     str | None,
@@ -131,6 +131,6 @@ def cache_options(
     kv_bits: int | None, kv_group_size: int, quantized_kv_start: int, max_kv_size: int | None
 ) -> CacheOptions:
     """The engine's CacheOptions from the flags (validated there, before any model loads)."""
-    from macspec.engine.cached import CacheOptions
+    from macspec.engine.config import CacheOptions
 
     return CacheOptions(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)

@@ -34,10 +34,10 @@ from mlx_lm.models.cache import (
     KVCache,
     QuantizedKVCache,
     RotatingKVCache,
-    make_prompt_cache,
 )
 
 from macspec.engine import recurrent
+from macspec.engine.config import DEFAULT_CACHE, CacheOptions  # noqa: F401  (re-exported)
 from macspec.engine.taps import Hidden, HiddenSpec, Taps
 from macspec.errors import MacspecError
 
@@ -110,49 +110,6 @@ def trim_layer(layer_cache: Any, n: int) -> None:
     layer_cache.keys, layer_cache.values = keys[..., :rows, :], values[..., :rows, :]
     layer_cache.offset -= n
     layer_cache._idx = rows
-
-
-@dataclass(frozen=True)
-class CacheOptions:
-    """How a model's cache is made (mlx-lm's flags of the same names)."""
-
-    kv_bits: int | None = None
-    """Quantize attention keys and values to 4 or 8 bits (None: full precision)."""
-    kv_group_size: int = 64
-    """Group size of that quantization."""
-    quantized_kv_start: int = 0
-    """Quantize a layer's cache once it holds this many ids (mlx-lm's default is 5000)."""
-    max_kv_size: int | None = None
-    """Keep at most this many ids per layer: a sliding window (None: all of them)."""
-
-    def __post_init__(self) -> None:
-        if self.kv_bits is not None and self.kv_bits not in (4, 8):
-            raise MacspecError(f"--kv-bits must be 4 or 8, got {self.kv_bits}")
-        if self.kv_group_size not in (32, 64, 128):
-            raise MacspecError(f"--kv-group-size must be 32, 64 or 128, got {self.kv_group_size}")
-        if self.max_kv_size is not None and self.max_kv_size < 1:
-            raise MacspecError(f"--max-kv-size must be positive, got {self.max_kv_size}")
-        if self.quantized_kv_start < 0:
-            raise MacspecError("--quantized-kv-start must not be negative")
-
-    def make(self, model: nn.Module) -> list[Any]:
-        return make_prompt_cache(model, max_kv_size=self.max_kv_size)
-
-    def quantize(self, cache: list[Any]) -> None:
-        """Turn full attention caches that hold enough ids into quantized ones, as mlx-lm's
-        generate does after every pass (sliding windows stay as they are: mlx-lm cannot
-        quantize them)."""
-        if self.kv_bits is None:
-            return
-        for i, layer_cache in enumerate(cache):
-            if type(layer_cache) is KVCache and layer_cache.offset >= self.quantized_kv_start:
-                cache[i] = layer_cache.to_quantized(
-                    group_size=self.kv_group_size, bits=self.kv_bits
-                )
-
-
-DEFAULT_CACHE = CacheOptions()
-"""Full-precision caches that keep every id."""
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from macspec.engine.sampling import SamplingParams
 from macspec.errors import MacspecError
@@ -50,3 +51,50 @@ class GenerationConfig:
         if room < self.max_tokens:
             return replace(self, max_tokens=room), True
         return self, False  # max_tokens comes first
+
+
+@dataclass(frozen=True)
+class CacheOptions:
+    """How a model's cache is made (mlx-lm's flags of the same names)."""
+
+    kv_bits: int | None = None
+    """Quantize attention keys and values to 4 or 8 bits (None: full precision)."""
+    kv_group_size: int = 64
+    """Group size of that quantization."""
+    quantized_kv_start: int = 0
+    """Quantize a layer's cache once it holds this many ids (mlx-lm's default is 5000)."""
+    max_kv_size: int | None = None
+    """Keep at most this many ids per layer: a sliding window (None: all of them)."""
+
+    def __post_init__(self) -> None:
+        if self.kv_bits is not None and self.kv_bits not in (4, 8):
+            raise MacspecError(f"--kv-bits must be 4 or 8, got {self.kv_bits}")
+        if self.kv_group_size not in (32, 64, 128):
+            raise MacspecError(f"--kv-group-size must be 32, 64 or 128, got {self.kv_group_size}")
+        if self.max_kv_size is not None and self.max_kv_size < 1:
+            raise MacspecError(f"--max-kv-size must be positive, got {self.max_kv_size}")
+        if self.quantized_kv_start < 0:
+            raise MacspecError("--quantized-kv-start must not be negative")
+
+    def make(self, model: Any) -> list[Any]:
+        from mlx_lm.models.cache import make_prompt_cache  # mlx-lm loads only when caches do
+
+        return make_prompt_cache(model, max_kv_size=self.max_kv_size)
+
+    def quantize(self, cache: list[Any]) -> None:
+        """Turn full attention caches that hold enough ids into quantized ones, as mlx-lm's
+        generate does after every pass (sliding windows stay as they are: mlx-lm cannot
+        quantize them)."""
+        if self.kv_bits is None:
+            return
+        from mlx_lm.models.cache import KVCache
+
+        for i, layer_cache in enumerate(cache):
+            if type(layer_cache) is KVCache and layer_cache.offset >= self.quantized_kv_start:
+                cache[i] = layer_cache.to_quantized(
+                    group_size=self.kv_group_size, bits=self.kv_bits
+                )
+
+
+DEFAULT_CACHE = CacheOptions()
+"""Full-precision caches that keep every id."""
