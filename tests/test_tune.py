@@ -98,6 +98,7 @@ def tuned(models, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MACSPEC_HOME", str(out.parent / "home"))
         args = tune_args(models, out, "weak", "--full", "--steps", 60, "--learning-rate", 3e-3)
+        args += ["--register", "tiny-tuned"]
         code, stdout, stderr = run_cli(*args)
     assert code == 0, stderr
     return out, stdout, json.loads((out / "tune.json").read_text())
@@ -135,9 +136,40 @@ def test_tuning_raises_acceptance_on_held_out_prompts(models, tuned):
     assert f"saved: {out}" in stdout
 
 
+def test_a_better_draft_is_registered_as_a_pair(models, tuned, monkeypatch):
+    """--register adds the target and the tuned draft to the user's models.toml, usable by
+    name at once (`macspec models` lists it); the same name again is one line, exit 2."""
+    out, stdout, _ = tuned
+    monkeypatch.setenv("MACSPEC_HOME", str(out.parent / "home"))
+    from macspec.models.catalog import load_catalog
+
+    pair = load_catalog().get("tiny-tuned")
+    assert pair.target == str(models["target"]) and Path(pair.draft) == out.resolve()
+    assert pair.draft_policy == 4
+    code, listing, _ = run_cli("models", "--json")
+    assert code == 0 and "tiny-tuned" in {row["name"] for row in json.loads(listing)}
+    again = tune_args(models, out.parent / "again", "weak", "--full", "--register", "tiny-tuned")
+    code, _, stderr = run_cli(*again)
+    assert code == 2 and "already has a pair 'tiny-tuned'" in stderr
+    assert not (out.parent / "again").exists()
+
+
+def test_force_replaces_an_existing_out_only_once_the_new_draft_is_whole(models, tmp_path):
+    out = tmp_path / "drafts" / "draft"
+    out.mkdir(parents=True)
+    (out / "old.txt").write_text("an earlier draft")
+    code, _, stderr = run_cli(*tune_args(models, out, "weak", "--full", "--steps", 2))
+    assert code == 2 and "--force" in stderr and (out / "old.txt").exists()
+    code, _, stderr = run_cli(*tune_args(models, out, "weak", "--full", "--steps", 2, "--force"))
+    assert code == 0, stderr
+    assert not (out / "old.txt").exists() and (out / "config.json").is_file()
+    assert {p.name for p in out.parent.iterdir()} == {"draft"}  # no staging or backup left
+
+
 def test_saved_draft_loads_with_mlx_lm_and_stays_lossless(models, tuned):
     out, _, _ = tuned
-    assert {p.parts[0] for p in files_under(out.parent)} == {"draft"}  # no staging left
+    # no staging left (the home holds the models.toml that --register wrote)
+    assert {p.parts[0] for p in files_under(out.parent)} - {"home"} == {"draft"}
     draft, tokenizer = mlx_load(str(out))
     assert tokenizer.get_vocab() == mlx_load(str(models["weak"]))[1].get_vocab()
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in draft.named_modules())
