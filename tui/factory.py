@@ -8,8 +8,8 @@ from macspec.chat.session import ChatModels, ChatSession, downloaded_pairs, open
 from macspec.chat.store import ModelInfo, Store
 from macspec.engine.cached import CacheOptions
 from macspec.engine.loop import Engine, GenerationConfig
-from macspec.models.build import needs_draft_model
 from macspec.models.catalog import Pair, resolve_models
+from macspec.models.flags import needs_draft_model
 from tui.app import ChatApp
 
 

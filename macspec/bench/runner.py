@@ -37,7 +37,8 @@ from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import DraftPolicy, make_policy
 from macspec.engine.sampling import SamplingParams
 from macspec.errors import MacspecError
-from macspec.models.build import check_draft_source, make_drafter
+from macspec.models.build import make_drafter
+from macspec.models.flags import check_draft_source
 from macspec.models.loader import LoadedModels
 
 

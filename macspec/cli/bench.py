@@ -124,12 +124,12 @@ def bench(
     from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
     from macspec.cli.ranks import launched, ranks
     from macspec.models.build import (
-        HEAD_KINDS,
         check_distributed_source,
         choose_source,
         drafter_folders,
         load_drafters,
     )
+    from macspec.models.flags import HEAD_KINDS
     from macspec.models.templates import encode_prompt
 
     sharded = launched()  # under mlx.launch: the target is sharded over every rank

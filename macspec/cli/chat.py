@@ -63,8 +63,6 @@ def chat(
 
     refuse_under_launch("chat")
     # Every check that loads nothing heavy first: a bad flag or id is one line at once.
-    from macspec.engine.config import GenerationConfig
-    from macspec.engine.sampling import SamplingParams, choose_sampler
     from macspec.models.flags import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
 
@@ -72,17 +70,10 @@ def chat(
         fail("--resume and --continue both given; pass one of them")
     check_draft_flags(num_draft_tokens, no_draft, draft)  # -k 0, contradictions
     args = template_args(think, chat_template_args)  # a bad JSON
-    config = GenerationConfig(
-        max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
-        stop_strings=opt.stop_strings(stop),
-        seed=seed,
-        sampler=sampler,
-        prefill_step_size=prefill_step_size,
+    config = opt.generation_config(
+        max_tokens, temp, top_p, top_k, min_p, stop, seed, sampler, prefill_step_size
     )
     caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
-    if temp > 0:
-        choose_sampler(sampler, seed)
     store = Store()
     notes: list[str] = []
     conversation_id = store.latest_conversation_id() if continue_last else resume

@@ -9,7 +9,7 @@ import typer
 from macspec.errors import MacspecError
 
 if TYPE_CHECKING:
-    from macspec.engine.config import CacheOptions
+    from macspec.engine.config import CacheOptions, GenerationConfig
 
 Model = Annotated[
     str | None,
@@ -125,6 +125,35 @@ MaxKvSize = Annotated[
 PrefillStepSize = Annotated[
     int, typer.Option("--prefill-step-size", help="Prompt ids per prefill pass.")
 ]
+
+
+def generation_config(
+    max_tokens: int,
+    temp: float,
+    top_p: float,
+    top_k: int,
+    min_p: float,
+    stop: list[str] | None,
+    seed: int | None,
+    sampler: str | None,
+    prefill_step_size: int,
+) -> GenerationConfig:
+    """run's and chat's GenerationConfig from their flags, every value checked before any model
+    loads (a bad --sampler too, when sampling). Loads no mlx-lm."""
+    from macspec.engine.config import GenerationConfig
+    from macspec.engine.sampling import SamplingParams, choose_sampler
+
+    config = GenerationConfig(
+        max_tokens=max_tokens,
+        sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
+        stop_strings=stop_strings(stop),
+        seed=seed,
+        sampler=sampler,
+        prefill_step_size=prefill_step_size,
+    )
+    if temp > 0:
+        choose_sampler(sampler, seed)
+    return config
 
 
 def cache_options(

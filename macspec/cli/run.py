@@ -86,27 +86,18 @@ def run(
     stderr ends with which. A prompt longer than the context is refused; Ctrl-C ends the
     answer with a stats line saying 'interrupted' (exit 130).
     """
-    # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
+    # Nothing heavy loads at import: `macspec --help` stays instant; mlx-lm loads in answer().
     from macspec.cli.ranks import ranks
-    from macspec.engine.loop import GenerationConfig
-    from macspec.engine.sampling import SamplingParams, choose_sampler
-    from macspec.models.build import check_draft_flags, needs_draft_model
+    from macspec.models.flags import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
 
     text = read_prompt(prompt)
     args = template_args(think, chat_template_args)
     check_draft_flags(num_draft_tokens, no_draft, draft)  # before any model loads
-    config = GenerationConfig(
-        max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),
-        stop_strings=opt.stop_strings(stop),
-        seed=seed,
-        sampler=sampler,
-        prefill_step_size=prefill_step_size,
+    config = opt.generation_config(
+        max_tokens, temp, top_p, top_k, min_p, stop, seed, sampler, prefill_step_size
     )
     caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
-    if temp > 0:
-        choose_sampler(sampler, seed)  # a bad --sampler fails before any model loads
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )

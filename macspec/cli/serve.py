@@ -72,7 +72,7 @@ def serve(
     # MLX, mlx-lm, FastAPI and uvicorn load here, not at import: `macspec --help` stays instant.
     from macspec.chat.session import open_models
     from macspec.engine.sampling import SamplingParams
-    from macspec.models.build import needs_draft_model
+    from macspec.models.flags import needs_draft_model
     from macspec.models.templates import template_args
     from macspec.serve.backend import Backend, Defaults
     from macspec.serve.server import check_host, run_server

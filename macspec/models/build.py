@@ -23,14 +23,7 @@ from macspec.models.drafters import (
     load_mtp,
     read_config,
 )
-from macspec.models.flags import (  # noqa: F401  (re-exported: the CLI's names for them)
-    DRAFT_SOURCES,
-    HEAD_KINDS,
-    check_draft_flags,
-    check_draft_source,
-    check_draft_tokens,
-    needs_draft_model,
-)
+from macspec.models.flags import HEAD_KINDS, check_draft_flags, check_draft_tokens
 from macspec.models.home import macspec_home
 from macspec.models.loader import LoadedModels, load_models
 from macspec.models.memory import kv_cache_bytes
