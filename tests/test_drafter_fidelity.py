@@ -176,21 +176,17 @@ def dflash_setup(tmp_path_factory):
     folder = tiny.save_dflash_folder(tmp_path_factory.mktemp("dflash"), target_layer_ids=LAYERS)
     twin = tiny.arch_model("qwen3", 0, scale=3.0)  # the same weights, patched by z-lab
     full = tiny.dflash_config(target_layer_ids=LAYERS)
+    # z-lab's config from the very dict the drafter folder was written with
+    shared = (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+        "head_dim", "intermediate_size", "rms_norm_eps", "rope_theta",
+        "max_position_embeddings", "block_size", "num_target_layers",
+    )  # fmt: skip
     reference = ZLabDraft(
         ZLabConfig(
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            intermediate_size=128,
+            **{key: full[key] for key in shared},
             vocab_size=tiny.VOCAB,
-            rms_norm_eps=1e-6,
-            rope_theta=10000.0,
-            max_position_embeddings=4096,
-            block_size=full["block_size"],
             target_layer_ids=LAYERS,
-            num_target_layers=4,
             mask_token_id=full["dflash_config"]["mask_token_id"],
         )
     )
