@@ -115,6 +115,24 @@ def test_pull_of_a_pair_that_will_not_fit_asks_before_any_network_work(
         assert "nothing downloaded" in err and hub.cached_model_path("test/tiny-target") is None
 
 
+def test_pull_sizes_an_unknown_pair_from_its_config_once_the_download_is_planned(
+    capsys, tiny_pair, monkeypatch, cached_model
+):
+    """A pair the offline estimate cannot size (no known or cached config.json) is not asked
+    about; once the download is planned its config.json is fetched and a pair too big for
+    this machine is still named in a warning."""
+    big = dict(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+    fetched = []
+    monkeypatch.setattr(hub, "plan_download", lambda repo: hub.DownloadPlan(repo, 10, 1))
+    monkeypatch.setattr(hub, "download_config", lambda repo: fetched.append(repo) or big)
+    monkeypatch.setattr(hub, "download", lambda repo, on_progress=None: cached_model(repo))
+    monkeypatch.setattr("macspec.models.memory.machine_memory_bytes", lambda: 10**8)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # a question would find no answer
+    code, _, err = cli(capsys, "pull", "tiny")
+    assert code == 0, err
+    assert fetched and "warning: tiny needs about" in err and "may not run" in err
+
+
 def test_pull_demo_needs_no_download(capsys, hf_cache, monkeypatch, tmp_path, tiny_model_folder):
     monkeypatch.setattr(hub, "PACKAGE_ROOT", tmp_path / "pkg")
     for member in ("target", "draft", "mtp"):  # the demo pair ships an MTP head too

@@ -20,7 +20,12 @@ from rich.table import Table
 from macspec.cli.app import app, fail
 from macspec.models import hub
 from macspec.models.catalog import Catalog, Pair, PairStatus, load_catalog, pair_status
-from macspec.models.memory import estimate, machine_memory_bytes, usable_memory_bytes
+from macspec.models.memory import (
+    MemoryEstimate,
+    estimate,
+    machine_memory_bytes,
+    usable_memory_bytes,
+)
 
 NameArg = Annotated[
     str,
@@ -169,46 +174,48 @@ def _members(catalog: Catalog, name: str) -> tuple[Pair | None, list[str]]:
     return pair, list(dict.fromkeys(m for m in pair.members if hub.is_repo_id(m)))
 
 
+def _say_too_big(name: str, memory: MemoryEstimate, detail: str = "") -> bool:
+    """One warning line on stderr when `memory` will not fit this machine; whether it was said."""
+    if memory.fits is not False:
+        return False
+    _stderr().print(
+        f"macspec: warning: {name} needs about {_gb(memory.per_rank_bytes)} of memory"
+        f"{_per_rank(memory)}{detail}; this machine can give models "
+        f"{_gb(memory.available_bytes)}. It may not run, or run slowly.",
+        highlight=False,
+    )
+    return True
+
+
 def _warn_memory(pair: Pair | None, repos: list[str], download_bytes: int) -> None:
-    """Warn on stderr when the pair (or model) will not fit this machine's memory."""
+    """Once the download is planned: the estimate from each model's config.json (fetched, it is
+    small) for a pair the offline estimate could not size, or a lone repo's download size."""
     if pair is not None:
         configs = [hub.download_config(m) if hub.is_repo_id(m) else None for m in pair.members]
         need = estimate(int(pair.size_gb * 1e9), configs, pair.context_length, ranks=pair.ranks)
     else:
         need = estimate(download_bytes, [], 0)
-    if need.fits is False:
-        _stderr().print(
-            f"macspec: warning: {pair.name if pair else repos[0]} needs about "
-            f"{_gb(need.per_rank_bytes)} of memory{_per_rank(need)}; this machine can give models "
-            f"{_gb(need.available_bytes)}. It may not run, or run slowly.",
-            highlight=False,
-        )
+    _say_too_big(pair.name if pair else repos[0], need)
 
 
 def _per_rank(memory) -> str:
     return f" on each of {memory.ranks} machines" if memory.ranks > 1 else ""
 
 
-def _ask_if_too_big(pair: Pair, yes: bool) -> None:
+def _ask_if_too_big(pair: Pair, yes: bool) -> bool | None:
     """Offline, before any download: a pair estimated not to fit is downloaded only if the
-    user says so (or passed --yes)."""
+    user says so (or passed --yes). Returns the estimate's verdict (None: it could not tell)."""
     memory = pair_status(pair).memory
-    if memory.fits is not False:
-        return
-    _stderr().print(
-        f"macspec: warning: {pair.name} needs about {_gb(memory.per_rank_bytes)} of memory"
-        f"{_per_rank(memory)} (weights + KV cache at {pair.context_length} tokens"
-        f"{', estimated' if memory.estimated else ''}); this machine can give models "
-        f"{_gb(memory.available_bytes)}. It may not run, or run slowly.",
-        highlight=False,
-    )
-    if yes:
-        return
-    if not _confirm(
+    detail = f" (weights + KV cache at {pair.context_length} tokens"
+    detail += ", estimated)" if memory.estimated else ")"
+    if not _say_too_big(pair.name, memory, detail):
+        return memory.fits
+    if not yes and not _confirm(
         f"Download {pair.name} (~{pair.size_gb:.1f} GB) anyway?", "nothing downloaded", "download"
     ):
         typer.echo("nothing downloaded", err=True)
         raise typer.Exit(1)
+    return False
 
 
 def _download_all(plans: list[hub.DownloadPlan]) -> None:
@@ -256,13 +263,12 @@ def pull(
         typer.echo(f"{pair.name} needs no download (its models ship with macspec or are local)")
         return
     missing = [repo for repo in repos if hub.cached_model_path(repo) is None]
-    if missing and pair is not None:
-        _ask_if_too_big(pair, yes)
+    fits = _ask_if_too_big(pair, yes) if missing and pair is not None else None
     if missing:
         plans = [hub.plan_download(repo) for repo in missing]
         total = sum(plan.download_bytes for plan in plans)
         hub.check_disk_space(total, name)
-        if pair is None:
+        if fits is None:  # the offline estimate could not size it (or a lone repo): warn now
             _warn_memory(pair, repos, total)
         _download_all(plans)
     for repo in repos:
