@@ -3,7 +3,7 @@ the tests).
 
 Generation runs in a thread worker (tui/turn.py) that iterates the session's events and
 posts Messages (thread-safe) to the app; the UI thread only renders them, so it never blocks
-while tokens stream. Token pieces are batched (at most ~30 posts a second), and the figures
+while tokens stream. Token pieces are batched (at most 15 posts a second), and the figures
 sent along are cumulative counts, so batching changes nothing that is shown. Loading another
 pair runs in a thread worker too.
 

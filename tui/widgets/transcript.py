@@ -1,8 +1,9 @@
 """The transcript: user messages, answers (Markdown, streamed), notices; kept at the bottom.
 
-An answer is two views of the same text, kept in step while it streams:
-- `.body`, a Markdown widget fed through Textual's MarkdownStream (appends, batched when
-  tokens come faster than it renders; never re-rendered whole per token);
+An answer is two views of the same text:
+- `.body`, a Markdown widget fed through Textual's MarkdownStream while it is the view shown
+  (appends, batched when tokens come faster than it renders); while the spans show, it is not
+  parsed at all, and catches up in one update when shown (ctrl+t) or when the answer ends;
 - `.spans`, a Static of the raw text as coloured spans: tokens from accepted draft guesses
   in one colour, the target's own tokens in another (appending to one rich Text is cheap).
 With the source colours on (the default; a key toggles them) the spans view is shown,
