@@ -160,16 +160,20 @@ class AnswerMessage(Vertical):
         self.text += fragment
         if self.has_class("-plain") and looks_like_markdown(self.text[start:]):
             self.set_class(False, "-plain")  # once Markdown, it stays Markdown
-        if self._coloured_view:
-            # Parsing Markdown nobody sees costs the generating thread the GIL: the hidden
-            # views catch up at once when shown (ctrl+t) or when the answer ends.
+        if self._coloured_view or self.has_class("-plain"):
+            # The Markdown body is not what shows: parsing it costs the generating thread the
+            # GIL, so it catches up at once when shown (ctrl+t, the answer turning Markdown)
+            # or when the answer ends.
             self._views_behind = True
+            if not self._coloured_view:
+                self.query_one(".plain", Static).update(Text(self.text))
             return
-        await self.catch_up()
-        if not self.has_class("-plain"):
-            if self._stream is None:
-                self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
-            await self._stream.write(fragment)
+        if self._views_behind:
+            await self.catch_up()  # the whole text, this fragment included
+            return
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
+        await self._stream.write(fragment)
 
     async def catch_up(self) -> None:
         """Bring the hidden views (Markdown, preformatted) up to the text so far."""
