@@ -14,13 +14,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import mlx.core as mx  # noqa: E402
 import tiny  # noqa: E402
-from losslesskit import PROMPTS  # noqa: E402
-from mlx_lm.generate import generate_step  # noqa: E402
+from losslesskit import PROMPTS, reference, tally  # noqa: E402
 
 from macspec.engine.drafters import ModelDrafter  # noqa: E402
-from macspec.engine.loop import Engine, GenerationConfig  # noqa: E402
+from macspec.engine.loop import Engine  # noqa: E402
 from macspec.engine.policy import AutoPolicy, FixedPolicy  # noqa: E402
 
 MAX_TOKENS = 32
@@ -30,15 +28,6 @@ PAIRS = {
     "gemma3_text sliding window 12": ("gemma3_text", lambda t: tiny.noisy_arch_copy(t, 0.02, 1)),
     "mamba2 recurrent": ("mamba2", lambda t: tiny.noisy_arch_copy(t, 0.02, 1)),
 }
-
-
-def reference(model, prompt):
-    out = []
-    for token, _ in generate_step(mx.array(prompt), model, max_tokens=MAX_TOKENS):
-        if token == 257:
-            break
-        out.append(token)
-    return out
 
 
 def main() -> None:
@@ -52,22 +41,14 @@ def main() -> None:
     for label, (kind, make_draft) in PAIRS.items():
         target = tiny.arch_model(kind, 0, scale=3.0)
         draft = make_draft(target)
-        wants = [reference(target, p) for p in prompts]
+        wants = [reference(target, p, MAX_TOKENS) for p in prompts]
         for k in ("4", "auto"):
             policy = AutoPolicy() if k == "auto" else FixedPolicy(int(k))
             engine = Engine(target, tok, ModelDrafter(draft), policy)
-            proposed = accepted = passes = generated = fed = refed = same = 0
-            for prompt, want in zip(prompts, wants):
-                done = list(engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))[-1]
-                s = done.stats
-                proposed, accepted = proposed + s.draft_proposed, accepted + s.draft_accepted
-                passes, generated = passes + s.target_passes, generated + s.generated_tokens
-                fed, refed = fed + s.target_fed_tokens, refed + s.refed_tokens
-                same += done.tokens == want
-            acceptance = f"{accepted / proposed:.2f} of {proposed}" if proposed else "-"
+            t = tally(engine, prompts, wants, MAX_TOKENS)
             print(
-                f"| {label} | {k} | {acceptance} | {generated / passes:.2f} | "
-                f"{refed / fed:.1%} | {same}/{len(prompts)} |"
+                f"| {label} | {k} | {t.acceptance} | {t.generated / t.passes:.2f} | "
+                f"{t.refed / t.fed:.1%} | {t.identical}/{len(prompts)} |"
             )
 
 

@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402
 import tiny  # noqa: E402
-from losslesskit import PROMPTS, done_of, reference  # noqa: E402
+from losslesskit import PROMPTS, reference, tally  # noqa: E402
 
 from macspec.engine.choice import DrafterChoice  # noqa: E402
 from macspec.engine.dflash import DFlashDrafter  # noqa: E402
 from macspec.engine.lookup import LookupDrafter  # noqa: E402
-from macspec.engine.loop import Engine, GenerationConfig  # noqa: E402
+from macspec.engine.loop import Engine  # noqa: E402
 from macspec.engine.mtp import MTPDrafter  # noqa: E402
 from macspec.engine.policy import AutoPolicy, FixedPolicy  # noqa: E402
 from macspec.models.drafters import load_dflash, load_mtp  # noqa: E402
@@ -78,18 +78,10 @@ def main() -> None:
         target, make_drafter = build()
         wants = [reference(target, p, MAX_TOKENS) for p in prompts]
         for k, drafter, policy in policies(make_drafter):
-            engine = Engine(target, tok, drafter, policy)
-            proposed = accepted = passes = generated = same = 0
-            for prompt, want in zip(prompts, wants):
-                done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))
-                s = done.stats
-                proposed, accepted = proposed + s.draft_proposed, accepted + s.draft_accepted
-                passes, generated = passes + s.target_passes, generated + s.generated_tokens
-                same += done.tokens == want
-            acceptance = f"{accepted / proposed:.2f} of {proposed}" if proposed else "-"
+            t = tally(Engine(target, tok, drafter, policy), prompts, wants, MAX_TOKENS)
             print(
-                f"| {label} | {k} | {acceptance} | {generated / passes:.2f} | "
-                f"{same}/{len(prompts)} |",
+                f"| {label} | {k} | {t.acceptance} | {t.generated / t.passes:.2f} | "
+                f"{t.identical}/{len(prompts)} |",
                 flush=True,
             )
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from macspec.engine.events import Done
+from macspec.engine.loop import GenerationConfig
 
 EOS = 257  # the tiny tokenizer's end of sequence (tests/tiny.py)
 
@@ -48,3 +51,38 @@ def done_of(events) -> Done:
     last = list(events)[-1]
     assert isinstance(last, Done)
     return last
+
+
+@dataclass
+class Tally:
+    """Counts of an engine's greedy runs over prompts, summed (the figures scripts print them)."""
+
+    proposed: int = 0
+    accepted: int = 0
+    passes: int = 0
+    generated: int = 0
+    fed: int = 0
+    refed: int = 0
+    identical: int = 0
+    """Runs whose tokens equal mlx-lm's target-alone reference."""
+
+    @property
+    def acceptance(self) -> str:
+        """'0.61 of 696', or '-' when nothing was proposed."""
+        return f"{self.accepted / self.proposed:.2f} of {self.proposed}" if self.proposed else "-"
+
+
+def tally(engine, prompts: list[list[int]], wants: list[list[int]], max_tokens: int) -> Tally:
+    """Run `engine` greedily on every prompt, summing its counts and checking each output."""
+    counts = Tally()
+    for prompt, want in zip(prompts, wants):
+        done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=max_tokens)))
+        s = done.stats
+        counts.proposed += s.draft_proposed
+        counts.accepted += s.draft_accepted
+        counts.passes += s.target_passes
+        counts.generated += s.generated_tokens
+        counts.fed += s.target_fed_tokens
+        counts.refed += s.refed_tokens
+        counts.identical += done.tokens == want
+    return counts
