@@ -22,8 +22,9 @@ import sys
 from pathlib import Path
 
 from macspec.bench.figures import MACSPEC, MLX_LM, BenchConfig, ConfigSummary, summarize
+from macspec.bench.plan import BenchSettings, schedule
 from macspec.bench.prompts import builtin, load_prompts
-from macspec.bench.runner import BenchSettings, Runner, schedule
+from macspec.bench.runner import Runner
 from macspec.errors import MacspecError
 from macspec.models.catalog import resolve_models
 from macspec.models.loader import load_models

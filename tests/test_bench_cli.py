@@ -18,7 +18,7 @@ from macspec.bench.figures import (
     MACSPEC,
     BenchConfig,
 )
-from macspec.bench.runner import BenchSettings, plan_configs
+from macspec.bench.plan import BenchSettings, plan_configs
 from macspec.cli import main
 
 PLAIN0 = BenchConfig(MACSPEC, None, 0.0)

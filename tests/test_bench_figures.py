@@ -20,8 +20,8 @@ from macspec.bench.figures import (
     summarize,
     summarize_lossless,
 )
+from macspec.bench.plan import BenchSettings, plan_configs, schedule
 from macspec.bench.prompts import builtin, load_prompts
-from macspec.bench.runner import BenchSettings, plan_configs, schedule
 from macspec.bench.theory import (
     CostCurve,
     best_k,

@@ -121,7 +121,8 @@ def bench(
     wasted guesses, time to first token, peak memory, whether greedy output is identical to
     plain decoding, and this device's verify-cost curve with the speedup it predicts.
     """
-    from macspec.bench.runner import BenchSettings, run_bench  # MLX only once it runs
+    from macspec.bench.plan import BenchSettings
+    from macspec.bench.runner import run_bench  # MLX only once it runs
     from macspec.cli.ranks import launched, ranks
     from macspec.models.build import (
         check_distributed_source,
