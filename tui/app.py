@@ -41,7 +41,7 @@ from tui.messages import (
     Started,
 )
 from tui.terminal import hangup_safe
-from tui.turn import answer_summary, in_memory, run_turn, stored_summary
+from tui.turn import answer_summary, in_memory, run_turn
 from tui.widgets.pickers import HistoryPicker, PairPicker
 from tui.widgets.prompt import PromptInput
 from tui.widgets.stats_bar import StatsBar
@@ -154,17 +154,7 @@ class ChatApp(App, inherit_bindings=False):
         except MacspecError as exc:  # the database failed since: show what is in memory
             await transcript.add_notice(f"Cannot read it back: {exc}", "error")
             stored = [in_memory(m) for m in session.messages]
-        for message in stored:
-            if message.role == "user":
-                await transcript.add_user(message.content)
-            elif message.role == "assistant":
-                await transcript.add_answer(
-                    message.content,
-                    stored_summary(message),
-                    live=False,
-                    reasoning=message.reasoning,
-                    sources=message.sources,
-                )
+        await transcript.add_stored(stored)
 
     # -- a turn ----------------------------------------------------------------------------
     @on(PromptInput.Submitted)

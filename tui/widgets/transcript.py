@@ -25,8 +25,10 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
+from macspec.chat.records import StoredMessage
 from macspec.engine.events import Source
 from macspec.models.reasoning import ReasoningSplitter
+from tui.turn import stored_summary
 
 REASONING_TITLE = "reasoning (ctrl+o)"
 _MARKDOWN = re.compile(
@@ -221,6 +223,21 @@ class Transcript(VerticalScroll):
         message = UserMessage(text)
         await self.mount(message)
         return message
+
+    async def add_stored(self, messages: Sequence[StoredMessage]) -> None:
+        """A conversation read back from the store: its turns, each answer with its stored
+        summary, reasoning and sources (coloured as when it was written)."""
+        for message in messages:
+            if message.role == "user":
+                await self.add_user(message.content)
+            elif message.role == "assistant":
+                await self.add_answer(
+                    message.content,
+                    stored_summary(message),
+                    live=False,
+                    reasoning=message.reasoning,
+                    sources=message.sources,
+                )
 
     async def add_answer(
         self,
