@@ -23,14 +23,22 @@ from macspec.models.templates import encode_prompt
 
 
 class OriginLookup(LookupDrafter):
-    """A lookup drafter that remembers where its last guess's continuation began."""
+    """A lookup drafter that names its guesses by where their continuation began: the cycle
+    records carry it as their draft source (the engine may draft a cycle ahead of the record
+    of the one before, so the drafter's latest call is not the cycle being recorded)."""
 
-    last_start: int | None = None
+    prompt_length = 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.prompt_length = len(prompt)
+        super().start(prompt)
 
     def propose(self, context: Sequence[int], k: int, *args) -> Draft:
         found = self.match(context, k)
-        self.last_start = found.start if found else None
-        return super().propose(context, k, *args)
+        draft = super().propose(context, k, *args)
+        if found is not None:
+            draft.source = "prompt" if found.start < self.prompt_length else "answer"
+        return draft
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = encode_prompt(loaded.tokenizer, prompt.text)
         kept = {"prompt": 0, "answer": 0}
         for event in engine.generate(ids, GenerationConfig(max_tokens=args.max_tokens)):
-            if isinstance(event, Cycle) and event.proposed:
-                kept["prompt" if drafter.last_start < len(ids) else "answer"] += event.accepted
+            if isinstance(event, Cycle) and event.draft_source in kept:
+                kept[event.draft_source] += event.accepted
             elif isinstance(event, Done):
                 per_pass = event.stats.tokens_per_pass or 0.0
         print(f"{prompt.name:<16}{kept['prompt']:>18}{kept['answer']:>18}{per_pass:>10.2f}")

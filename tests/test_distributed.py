@@ -171,7 +171,7 @@ def test_commands_for_one_machine_refuse_a_launcher(monkeypatch, capsys):
     assert main(["chat"]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "macspec: error: macspec chat runs on one machine; across machines (mlx.launch) use "
-        "macspec run, bench"
+        "macspec run, bench, serve"
     ]
 
 

@@ -18,6 +18,7 @@ import tiny
 from macspec.bench.waits import WaitCounter
 from macspec.engine.cycle import Cycle
 from macspec.engine.drafters import ModelDrafter
+from macspec.engine.events import Done, Token
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import PROBE_EVERY, Engine, GenerationConfig
 from macspec.engine.policy import AutoPolicy, FixedPolicy
@@ -102,3 +103,26 @@ def test_auto_times_its_choices_on_probe_cycles_only(models, monkeypatch):
     cycles = [e for e in events if isinstance(e, Cycle)]
     assert seen == [c for c in cycles if c.timed]
     assert any(not c.timed for c in cycles)
+
+
+def test_the_next_draft_is_queued_before_a_cycles_tokens_are_handed_over(models):
+    """The device drafts the next cycle while the consumer turns this cycle's tokens into
+    text; nothing is drafted past the end of the answer."""
+    tok, target, draft = models
+    drafter = ModelDrafter(draft)
+    proposals = []
+    propose = drafter.propose
+    drafter.propose = lambda *args: proposals.append(len(args[0])) or propose(*args)
+    engine = Engine(target, tok, drafter, FixedPolicy(3))
+    speculative, ahead = 0, []
+    for event in engine.generate(tok.encode("hello there"), GenerationConfig(max_tokens=40)):
+        if isinstance(event, Cycle) and event.draft_steps:
+            speculative += 1
+        elif isinstance(event, Token):
+            ahead.append(len(proposals) - speculative)
+        elif isinstance(event, Done):
+            done = event
+    assert done.finish_reason == "length" and speculative > 5
+    assert len(proposals) == speculative  # every draft was verified
+    # While a cycle's tokens are handed over, the next draft is queued, but at the end.
+    assert ahead.count(1) >= len(ahead) - 4 and ahead[-1] == 0

@@ -40,11 +40,15 @@ def open_models(
     no_draft: bool = False,
     draft: str | None = None,
     cache_options: CacheOptions | None = None,
+    group=None,
+    watchdog=None,
 ) -> ChatModels:
-    """Load resolved models into an engine (slow: run it off the UI thread)."""
+    """Load resolved models into an engine (slow: run it off the UI thread); with an
+    mlx.distributed `group`, the target sharded over its ranks (see `build_engine`)."""
     engine, loaded = build_engine(
-        resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE
-    )
+        resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE, group,
+        watchdog,
+    )  # fmt: skip
     models = ModelInfo(
         target=resolved.target_name,
         draft=resolved.draft_name if engine.drafter is not None else None,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from macspec.errors import MacspecError, QuietExit
 
-SUPPORTED = ("run", "bench")
+SUPPORTED = ("run", "bench", "serve")
 """Commands that run on every rank of a group; the others refuse a launcher."""
 
 

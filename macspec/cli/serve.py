@@ -65,17 +65,17 @@ def serve(
     time; requests wait in a bounded queue.
 
     Sampling flags are the defaults for requests that leave them out.
-    """
-    from macspec.cli.ranks import refuse_under_launch
 
-    refuse_under_launch("serve")
+    Under `mlx.launch -n N -- python -m macspec serve …` the target is sharded over the N
+    ranks: rank 0 serves, the others run each generation with it.
+    """
     # MLX, mlx-lm, FastAPI and uvicorn load here, not at import: `macspec --help` stays instant.
-    from macspec.chat.session import open_models
+    from macspec.cli.ranks import ranks
     from macspec.engine.sampling import SamplingParams
     from macspec.models.flags import needs_draft_model
     from macspec.models.templates import template_args
-    from macspec.serve.backend import Backend, Defaults
-    from macspec.serve.server import check_host, run_server
+    from macspec.serve.backend import Defaults
+    from macspec.serve.server import check_host
 
     check_host(host, api_key, insecure)
     if not 0 <= port <= 65535:
@@ -86,35 +86,78 @@ def serve(
         fail(f"--max-tokens must be >= 1, got {max_tokens}")
     SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p)  # checks ranges
     args = template_args(think, chat_template_args)
+    defaults = Defaults(temp, top_p, top_k, min_p, max_tokens, args)
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
+    # Under mlx.launch the target is sharded over every rank: rank 0 serves, the others follow.
+    with ranks() as here:
+        where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
+        served = serve_models(
+            resolved, (num_draft_tokens, no_draft, draft), where, defaults,
+            (host, port, api_key, max_queue, prompt_cache),
+        )  # fmt: skip
+    if served is not None:
+        fail(f"{served}")
+
+
+def serve_models(
+    resolved, draft_args: tuple, where: dict, defaults, listen: tuple
+) -> BaseException | None:
+    """Load, then serve until stopped (rank 0, or alone) or follow rank 0 (other ranks).
+    Returns the error that stopped the server, if one did (a lost rank)."""
+    import signal
+
+    from macspec.chat.pairs import open_models
+    from macspec.serve.backend import Backend
+    from macspec.serve.ranks import Leader, follow
+    from macspec.serve.server import run_server
+
+    host, port, api_key, max_queue, prompt_cache = listen
+    num_draft_tokens, no_draft, draft = draft_args
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
-    loaded = open_models(resolved, num_draft_tokens, no_draft, draft)
+    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, **where)
+    engine = loaded.engine
+    leader = None
+    if where:
+        if where["group"].rank() != 0:
+            # Ctrl-C in the terminal reaches every rank: rank 0 drains the requests in flight
+            # (which need this rank's passes), then tells this one to stop.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            follow(engine, prompt_cache)
+            return None
+        leader = Leader(engine)
+        leader.idle()
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     model_id = resolved.pair.name if resolved.pair is not None else resolved.target_name
     aliases = tuple({resolved.target_name, str(resolved.target)} - {model_id})
     k = num_draft_tokens or (resolved.pair.draft_policy if resolved.pair is not None else "auto")
     backend = Backend(
-        loaded.engine,
+        engine,
         loaded.tokenizer,
         model_id,
         context_length=loaded.context_length,
-        defaults=Defaults(temp, top_p, top_k, min_p, max_tokens, args),
+        defaults=defaults,
         aliases=aliases,
         k=int(k) if str(k).isdigit() else k,
         max_queue=max_queue,
         prompt_cache_size=prompt_cache,
+        leader=leader,
     )
-    drafter = loaded.engine.drafter.name if loaded.engine.drafter is not None else "none"
+    drafter = engine.drafter.name if engine.drafter is not None else "none"
+    spread = f", target sharded over {where['group'].size()} ranks" if where else ""
 
     def announce(url: str) -> None:
         print(
-            f"macspec: serving {model_id} (drafts: {drafter}) at {url}; Ctrl-C stops",
+            f"macspec: serving {model_id} (drafts: {drafter}{spread}) at {url}; Ctrl-C stops",
             file=sys.stderr,
             flush=True,
         )
 
     run_server(backend, host, port, api_key, announce)
+    fatal = backend.worker.fatal
+    if leader is not None and fatal is None:
+        fatal = leader.stop()
     print("macspec: server stopped", file=sys.stderr)
+    return fatal

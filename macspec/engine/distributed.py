@@ -107,10 +107,14 @@ class Exchange:
         self.count = 0
         """Exchanges made so far (each one all_gather)."""
 
-    def gather(self, values: Sequence[int]) -> list[list[int]]:
-        """Every rank's values, by rank."""
+    def gather(self, values: Sequence[int], waiting: bool = False) -> list[list[int]]:
+        """Every rank's values, by rank. `waiting`: the others may take as long as they like
+        (a server waiting for its next request): the watchdog is disarmed meanwhile."""
         if self.watchdog is not None:
-            self.watchdog.kick()
+            if waiting:
+                self.watchdog.disarm()
+            else:
+                self.watchdog.kick()
         self.count += 1
         mine = mx.array([int(v) for v in values], mx.int32)
         try:
@@ -122,9 +126,9 @@ class Exchange:
         n = len(values)
         return [every[r * n : (r + 1) * n] for r in range(self.size)]
 
-    def from_rank0(self, values: Sequence[int]) -> list[int]:
+    def from_rank0(self, values: Sequence[int], waiting: bool = False) -> list[int]:
         """Rank 0's values, on every rank (others' are ignored)."""
-        return self.gather(values)[0]
+        return self.gather(values, waiting)[0]
 
     def agree(self, what: str, value: int) -> None:
         """Raise Diverged unless every rank holds the same value."""

@@ -1,7 +1,8 @@
 """The guess-and-verify loop, as a generator of events.
 
-Two layers, as in mlx-lm: `_cycles` drafts, verifies, accepts and rolls back, yielding
-token ids and cycle records; `Engine.generate` turns those into text, stops and stats.
+Two layers, as in mlx-lm: `Engine.cycles` drafts, verifies, accepts and rolls back, yielding
+token ids and cycle records; `Engine.generate` (answer.py) turns those into text, stops and
+stats.
 Plain decoding is the same loop with nothing drafted, so both share every stop rule.
 """
 
@@ -14,17 +15,15 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from macspec.engine import answer
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
 from macspec.engine.config import GenerationConfig
-from macspec.engine.drafters import Drafter
-from macspec.engine.events import Cycle, Done, Event, Source, Token
+from macspec.engine.drafters import Draft, Drafter
+from macspec.engine.events import Cycle, Event, Source
 from macspec.engine.policy import AutoPolicy, DraftPolicy
-from macspec.engine.sampling import Randomness, SamplingParams, choose_sampler, probabilities
+from macspec.engine.sampling import Randomness, SamplingParams, probabilities
 from macspec.engine.stats import Stats
-from macspec.engine.stops import StopScanner
 from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
-from macspec.engine.wired import wired_limit
-from macspec.errors import MacspecError
 
 CLEAR_CACHE_EVERY = 256
 """Decoded ids between emptyings of MLX's buffer cache (mlx-lm's generate does the same)."""
@@ -48,6 +47,16 @@ class _Progress:
     """Ids handed to the consumer; on exit the caches keep only those."""
     decided: int | None = None
     """A draft length the policy chose ahead, during a plain stretch."""
+
+
+@dataclass
+class _Ahead:
+    """A cycle drafted before the consumer took the previous cycle's tokens."""
+
+    k: int
+    requested: int
+    draft: Draft
+    drafting_s: float
 
 
 class Engine:
@@ -84,7 +93,7 @@ class Engine:
         return [self.target, *(s for s in states if isinstance(s, CachedModel))]
 
     # -- the raw loop --------------------------------------------------------------------
-    def _cycles(
+    def cycles(
         self, prompt: list[int], config: GenerationConfig, rng: Randomness | None, stats: Stats
     ) -> Iterator[Cycle | tuple[int, Source]]:
         target, drafter, params = self.target, self.drafter, config.sampling
@@ -101,33 +110,41 @@ class Engine:
 
         context = list(prompt)
         progress = _Progress()
+        ahead: _Ahead | None = None
         try:
             while progress.delivered < config.max_tokens:
                 begun = time.perf_counter()
-                if drafter is None:
-                    requested = 0
-                elif progress.decided is not None:
-                    requested, progress.decided = progress.decided, None
+                if ahead is not None:  # drafted while the consumer took the last cycle's tokens
+                    k, requested, draft = ahead.k, ahead.requested, ahead.draft
+                    begun -= ahead.drafting_s
+                    ahead = None
                 else:
-                    requested = self.policy.draft_length()
-                # The target adds one token of its own: never guess past max_tokens.
-                k = min(requested, config.max_tokens - progress.delivered - 1)
-                if k <= 0:
-                    yield from self._plain_stretch(context, config, rng, progress, requested)
-                    continue
-                if len(context) - len(target) > MAX_REFEED:
-                    # Restores in a row (recurrent layers without an exact rewind) have piled up
-                    # ids to feed again: catch up with a plain step, which yields a token of its
-                    # own, rather than widen every pass. Then draft as the policy asked.
-                    yield from self._plain_stretch(
-                        context, config, rng, progress, requested, once=True
-                    )
-                    progress.decided = requested
-                    continue
+                    if drafter is None:
+                        requested = 0
+                    elif progress.decided is not None:
+                        requested, progress.decided = progress.decided, None
+                    else:
+                        requested = self.policy.draft_length()
+                    # The target adds one token of its own: never guess past max_tokens.
+                    k = min(requested, config.max_tokens - progress.delivered - 1)
+                    if k <= 0:
+                        yield from self._plain_stretch(context, config, rng, progress, requested)
+                        continue
+                    if len(context) - len(target) > MAX_REFEED:
+                        # Restores in a row (recurrent layers without an exact rewind) have piled
+                        # up ids to feed again: catch up with a plain step, which yields a token
+                        # of its own, rather than widen every pass. Then draft as asked.
+                        yield from self._plain_stretch(
+                            context, config, rng, progress, requested, once=True
+                        )
+                        progress.decided = requested
+                        continue
+                    draft = None
 
                 # Draft, verify all guesses in one target pass, accept, roll back.
-                cycle, kept = self._speculate(context, k, requested, params, rng, begun)
+                cycle, kept = self._speculate(context, k, requested, params, rng, begun, draft)
                 self.policy.observe(cycle)
+                ahead = self._draft_ahead(context, config, rng, progress, kept)
                 # The record comes first: a consumer that stops mid-cycle has still counted it.
                 yield cycle
                 for i, token in enumerate(kept):
@@ -141,6 +158,41 @@ class Engine:
             target.settle(keep, context[keep] if progress.delivered else None)
             if drafter is not None:
                 drafter.rollback(keep)
+
+    def _probe_due(self, cycle: int | None = None) -> bool:
+        """Whether speculative cycle number `cycle` (default: the next) times drafting and
+        verifying apart; only a policy that prices one against the other needs it."""
+        cycle = self._cycles_run + 1 if cycle is None else cycle
+        wanted = getattr(self.policy, "wants_timings", True)
+        return wanted and (cycle <= 4 or cycle % PROBE_EVERY == 0)
+
+    def _draft_ahead(
+        self,
+        context: list[int],
+        config: GenerationConfig,
+        rng: Randomness | None,
+        progress: _Progress,
+        kept: list[int],
+    ) -> _Ahead | None:
+        """Queue the next cycle's draft before the consumer takes this cycle's tokens, so the
+        device drafts while the host turns tokens into text (a stall's worth per cycle on a
+        GPU). Not past the answer's end, and not before a probe cycle, which times drafting."""
+        delivered = progress.delivered + len(kept)
+        if (
+            delivered >= config.max_tokens
+            or not self.eos_ids.isdisjoint(kept)
+            or len(context) - len(self.target) > MAX_REFEED
+            or self._probe_due()
+        ):
+            return None
+        requested = self.policy.draft_length()
+        k = min(requested, config.max_tokens - delivered - 1)
+        if k <= 0:
+            progress.decided = requested  # the loop steps plainly, as decided
+            return None
+        begun = time.perf_counter()
+        draft = self._propose(context, k, config.sampling, rng)
+        return _Ahead(k, requested, draft, time.perf_counter() - begun)
 
     def _plain_stretch(
         self,
@@ -212,6 +264,17 @@ class Engine:
             return mx.argmax(logits, axis=-1)
         return rng.pick(probabilities(logits, params), position)
 
+    def _propose(
+        self, context: list[int], k: int, params: SamplingParams, rng: Randomness | None
+    ) -> Draft:
+        """The drafter's guesses, queued on the device: its last step then runs while the host
+        builds the verify pass (rather than after, when the verdict is read)."""
+        draws = rng.draws(k, len(context)) if rng is not None else None
+        draft = self.drafter.propose(context, k, params, draws, self.policy.confidence_floor)
+        if isinstance(draft.tokens, mx.array):
+            mx.async_eval(draft.tokens)
+        return draft
+
     def _speculate(
         self,
         context: list[int],
@@ -220,18 +283,17 @@ class Engine:
         params: SamplingParams,
         rng: Randomness | None,
         begun: float,
+        draft: Draft | None = None,
     ) -> tuple[Cycle, list[int]]:
-        """One cycle: draft, verify in one target pass, accept, roll back. The guesses stay on
-        the device into the verify pass, and the verdict is read with them: one wait. A probe
-        cycle now and then waits after drafting too, to time drafting and verifying apart."""
+        """One cycle: draft (unless drafted ahead), verify in one target pass, accept, roll
+        back. The guesses stay on the device into the verify pass, and the verdict is read with
+        them: one wait. A probe cycle now and then waits after drafting too, to time drafting
+        and verifying apart."""
         target = self.target
-        draws = rng.draws(k, len(context)) if rng is not None else None
         self._cycles_run += 1
-        # Only a policy that prices drafting against verifying needs them timed apart.
-        timed = getattr(self.policy, "wants_timings", True) and (
-            self._cycles_run <= 4 or self._cycles_run % PROBE_EVERY == 0
-        )
-        draft = self.drafter.propose(context, k, params, draws, self.policy.confidence_floor)
+        timed = draft is None and self._probe_due(self._cycles_run)
+        if draft is None:
+            draft = self._propose(context, k, params, rng)
         guesses = draft.tokens
         if not isinstance(guesses, mx.array):
             guesses = mx.array(list(guesses), mx.uint32)
@@ -304,89 +366,12 @@ class Engine:
         config: GenerationConfig = DEFAULT_GENERATION,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[Event]:
-        """Yield Token and Cycle events, then one Done.
+        """Yield Token and Cycle events, then one Done (engine/answer.py turns the raw loop's
+        ids into text, stops and stats).
 
         The prompt must leave room in `config.context_length`; the answer ends at it.
 
         `cancelled` is polled after every token; when it returns True the generation ends
         with finish_reason 'cancelled' (closing the generator works too, without a Done).
         """
-        prompt = [int(t) for t in prompt]
-        if not prompt:
-            raise MacspecError("the prompt is empty")
-        config, by_context = config.within_context(len(prompt))
-        stats = Stats(prompt_tokens=len(prompt))
-        rng = None
-        if not config.sampling.greedy:
-            rng = Randomness(choose_sampler(config.sampler, config.seed), config.seed)
-            stats.sampler = rng.sampler
-        detokenizer = self.tokenizer.detokenizer
-        detokenizer.reset()
-        scanner = StopScanner(config.stop_strings)
-        tokens: list[int] = []
-        sources: list[Source] = []
-        finish, stopped_at = "length", None
-        started = time.perf_counter()
-        first_at = last_at = None
-        any_requested = False  # whether the policy ever asked the drafter for guesses
-
-        raw = self._cycles(prompt, config, rng, stats)
-        with wired_limit():  # Metal: the weights stay wired while generating
-            try:
-                for item in raw:
-                    if isinstance(item, Cycle):
-                        stats.add_cycle(item)
-                        any_requested = any_requested or item.requested > 0
-                        yield item
-                        continue
-                    token, source = item
-                    last_at = time.perf_counter()
-                    if first_at is None:
-                        first_at = last_at
-                    if token in self.eos_ids:
-                        finish = "stop"
-                        stats.end_tokens = 1
-                        break
-                    tokens.append(token)
-                    sources.append(source)
-                    detokenizer.add_token(token)
-                    text, hit = scanner.feed(detokenizer.text)
-                    yield Token(token, text, source)
-                    if hit:
-                        finish, stopped_at = "stop_string", scanner.released
-                        break
-                    if len(tokens) >= config.max_tokens:
-                        finish = "context" if by_context else "length"
-                        break
-                    if cancelled is not None and cancelled():
-                        finish = "cancelled"
-                        break
-            finally:
-                raw.close()
-
-        detokenizer.finalize()
-        full_text = detokenizer.text
-        tail = "" if stopped_at is not None else scanner.flush(full_text)
-        ended = time.perf_counter()
-        stats.generated_tokens = len(tokens)
-        stats.elapsed_s = ended - started
-        reason = getattr(self.policy, "reason", None)  # --draft auto: which drafter, and why
-        if reason is not None:
-            stats.drafter_choice = reason
-        if self.drafter is not None and not stats.draft_proposed and stats.target_passes:
-            stats.plain_reason = (
-                "plain: guessing does not pay here"
-                if not any_requested
-                else "no guesses worth verifying"
-            )
-        if first_at is not None:
-            stats.ttft_s = first_at - started
-            stats.decode_s = last_at - first_at
-        yield Done(
-            finish_reason=finish,
-            text=full_text[:stopped_at] if stopped_at is not None else full_text,
-            tail=tail,
-            tokens=tokens,
-            sources=sources,
-            stats=stats,
-        )
+        return answer.generate(self, prompt, config, cancelled)

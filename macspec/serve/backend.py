@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.sampling import SamplingParams
@@ -18,6 +18,9 @@ from macspec.models.templates import encode_messages, encode_prompt, has_chat_te
 from macspec.serve.errors import APIError
 from macspec.serve.schema import ChatCompletionRequest, CompletionRequest, Request
 from macspec.serve.worker import Worker
+
+if TYPE_CHECKING:
+    from macspec.serve.ranks import Leader
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Backend:
         k: str | int | None = None,
         max_queue: int = 32,
         prompt_cache_size: int = 4,
+        leader: Leader | None = None,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -69,7 +73,7 @@ class Backend:
         self.defaults = defaults if defaults is not None else Defaults()
         self.draft = engine.drafter.name if engine.drafter is not None else None
         self.k = k if engine.drafter is not None else None
-        self.worker = Worker(engine, max_queue, prompt_cache_size)
+        self.worker = Worker(engine, max_queue, prompt_cache_size, leader)
         self.vocab_size = len(tokenizer.get_vocab())
         """Ids a /v1/completions prompt may hold."""
         self._tokenizer_lock = threading.Lock()

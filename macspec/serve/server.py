@@ -94,6 +94,9 @@ def run_server(backend: Backend, host: str, port: int, api_key: str | None, anno
     sock = bind(host, port)
     setup_logging()
     server = make_server(backend, api_key)
+    # A worker that can no longer generate (a lost rank) stops the server as Ctrl-C would,
+    # without a signal: a second one (mlx.launch's SIGTERM) would not then force the exit.
+    backend.worker.on_fatal = lambda _exc: setattr(server, "should_exit", True)
     shown = f"[{host}]" if ":" in host else host
     announce(f"http://{shown}:{sock.getsockname()[1]}/v1")
     # uvicorn re-raises the signal that stopped it once it has drained: end quietly then.

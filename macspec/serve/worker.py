@@ -13,11 +13,17 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from macspec.engine.distributed import Diverged, PeerLost
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.serve.prompt_cache import PromptCache
+
+if TYPE_CHECKING:
+    from macspec.serve.ranks import Leader
 
 log = logging.getLogger("macspec.serve")
 
@@ -63,8 +69,20 @@ class Job:
 class Worker:
     """The thread that runs every generation on the engine, in order of arrival."""
 
-    def __init__(self, engine: Engine, max_queue: int = 32, prompt_cache_size: int = 4):
+    def __init__(
+        self,
+        engine: Engine,
+        max_queue: int = 32,
+        prompt_cache_size: int = 4,
+        leader: Leader | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ):
         self.engine = engine
+        self.leader = leader
+        """Under mlx.launch: tells the other ranks each generation before it runs."""
+        self.on_fatal = on_fatal
+        """Called (on the worker thread) when no generation can run any more: a lost rank."""
+        self.fatal: BaseException | None = None
         self.max_queue = max_queue
         """Most requests waiting while one generates; more are refused (429)."""
         self.prompt_cache = PromptCache(engine, prompt_cache_size)
@@ -141,6 +159,8 @@ class Worker:
         if job.cancelled():  # its client left as it reached the front of the queue
             return
         try:
+            if self.leader is not None:
+                self.leader.announce(job.prompt, job.config)
             self.prompt_cache.prepare(job.prompt)
             for event in self.engine.generate(job.prompt, job.config, cancelled=job.cancelled):
                 if isinstance(event, Cycle):
@@ -149,6 +169,14 @@ class Worker:
                     job.done = event
                     self.recent.append(event)
                 job.post(event)
+        except (PeerLost, Diverged) as exc:  # the ranks cannot generate together any more
+            self.fatal = exc  # the command says why, in one line, once the server stopped
+            job.post(Failed(exc))
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
         except Exception as exc:  # a bug or an MLX failure: a 500 for this request only
             log.exception("generation failed")
             job.post(Failed(exc))
+        finally:
+            if self.leader is not None:
+                self.leader.idle()
