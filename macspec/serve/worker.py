@@ -158,6 +158,9 @@ class Worker:
         job.started_at = time.perf_counter()
         if job.cancelled():  # its client left as it reached the front of the queue
             return
+        if self.fatal is not None:  # queued before the ranks were lost; the server is stopping
+            job.post(Failed(self.fatal))
+            return
         try:
             if self.leader is not None:
                 self.leader.announce(job.prompt, job.config)
