@@ -130,6 +130,10 @@ def test_tuning_raises_acceptance_on_held_out_prompts(models, tuned):
     assert after["acceptance"] > before["acceptance"] + 0.3
     assert after["tokens_per_pass"] > before["tokens_per_pass"] + 1.0
     assert record["better"] and record["identical_greedy_outputs"]
+    assert record["verdict"] == "better"
+    assert record["change_in_tokens_per_pass"]["mean"] > 2 * max(
+        record["change_in_tokens_per_pass"]["standard_error"], 0.0
+    )
     # The figures the user reads are those of the record.
     assert f"{'acceptance':24}{before['acceptance']:>10.2f}{after['acceptance']:>10.2f}" in stdout
     assert "better: " in stdout and "NOT better" not in stdout
@@ -292,3 +296,32 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     assert needle in lines[0]
     assert files_under(tmp_path) == before
     assert (tmp_path / "existing" / "keep.txt").read_text() == "mine"
+
+
+def verdict_of(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> str:
+    """The verdict on a tuned draft whose held-out prompts took these (tokens, passes)."""
+    from macspec.tune.config import TuneResult
+    from macspec.tune.measure import Measurement
+
+    def measured(rows: list[tuple[int, int]]) -> Measurement:
+        m = Measurement(k=4, per_prompt=rows)
+        m.generated, m.passes = sum(t for t, _ in rows), sum(p for _, p in rows)
+        return m
+
+    return TuneResult(
+        Path("out"), measured(before), measured(after), 1, len(before), 1, 1, "full", 1, 0.0,
+        0, 0, True,
+    ).verdict  # fmt: skip
+
+
+def test_better_means_a_gain_the_held_out_prompts_can_tell_from_chance():
+    """The demo's first tune moved tokens per pass from 2.53 to 2.54 in total: one prompt a
+    little better, the next a little worse. That is no evidence: the old draft stays."""
+    before = [(100, 40), (100, 40), (100, 40), (100, 40), (100, 40), (100, 40)]
+    mixed = [(100, 38), (100, 42), (100, 39), (100, 41), (100, 38), (100, 41)]
+    assert sum(p for _, p in mixed) < sum(p for _, p in before)  # better in total, by a hair
+    assert verdict_of(before, mixed) == "unclear"
+    steady = [(100, 35), (100, 34), (100, 36), (100, 35), (100, 33), (100, 35)]
+    assert verdict_of(before, steady) == "better"
+    assert verdict_of(steady, before) == "worse"
+    assert verdict_of(before, before) == "unclear"

@@ -117,6 +117,8 @@ def tune(
     trained on, before and after, at one draft length, and printed side by side with the
     training time and peak memory (tune.json in --out keeps them). Tuning may not help: then
     it says NOT better, --register adds no pair, and the old draft stays the default.
+    "Better" means the paired change in tokens per pass over the held-out prompts clears two
+    standard errors: a gain these prompts can tell from chance.
 
     \b
     Example:
@@ -164,15 +166,25 @@ def tune(
     )
     print(f"saved: {out} (mlx-lm format, at the draft's own precision; tune.json has the figures)")
     b, a = result.before, result.after
-    if result.better:
+    mean, error = result.change
+    paired = f"per held-out prompt {mean:+.2f} ± {2 * error:.2f}"
+    if result.verdict == "better":
         print(
             f"better: {a.tokens_per_pass:.2f} tokens per target pass instead of "
-            f"{b.tokens_per_pass:.2f}"
+            f"{b.tokens_per_pass:.2f} ({paired})"
+        )
+    elif result.verdict == "worse":
+        print(
+            f"NOT better: {a.tokens_per_pass:.2f} tokens per target pass against "
+            f"{b.tokens_per_pass:.2f} before ({paired}); keep using the old draft (it stays "
+            "the default)"
         )
     else:
         print(
-            f"NOT better: {a.tokens_per_pass:.2f} tokens per target pass against "
-            f"{b.tokens_per_pass:.2f} before; keep using the old draft (it stays the default)"
+            f"NOT clearly better: {a.tokens_per_pass:.2f} tokens per target pass against "
+            f"{b.tokens_per_pass:.2f} before ({paired}: within what these prompts can tell); "
+            "keep using the old draft (it stays the default), or measure on more --held-out "
+            "prompts"
         )
     for note in result.notes:
         print(note)

@@ -86,8 +86,32 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def change(self) -> tuple[float, float]:
+        """(mean, standard error) over the held-out prompts of the change in each prompt's
+        tokens per target pass, after minus before (paired: the same prompts, the same
+        greedy answers)."""
+        pairs = list(zip(self.before.prompt_rates(), self.after.prompt_rates()))
+        if not pairs:  # measured without per-prompt figures: the totals alone
+            return self.after.tokens_per_pass - self.before.tokens_per_pass, 0.0
+        diffs = [after - before for before, after in pairs]
+        mean = sum(diffs) / len(diffs)
+        if len(diffs) < 2:
+            return mean, 0.0
+        variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+        return mean, (variance / len(diffs)) ** 0.5
+
+    @property
+    def verdict(self) -> str:
+        """'better' or 'worse' when the paired change clears two standard errors (a gain that
+        would show on other prompts too), else 'unclear'."""
+        mean, error = self.change
+        if abs(mean) <= 2 * error or mean == 0:
+            return "unclear"
+        return "better" if mean > 0 else "worse"
+
+    @property
     def better(self) -> bool:
-        return self.after.tokens_per_pass > self.before.tokens_per_pass
+        return self.verdict == "better"
 
 
 class Reporter(Protocol):

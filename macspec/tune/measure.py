@@ -32,6 +32,8 @@ class Measurement:
     """Target passes after prefill."""
     outputs: list[list[int]] = field(default_factory=list)
     """Each prompt's generated ids (the same for every draft at temperature 0)."""
+    per_prompt: list[tuple[int, int]] = field(default_factory=list)
+    """Each prompt's (tokens generated, target passes), for a paired comparison of drafts."""
 
     @property
     def acceptance(self) -> float:
@@ -40,6 +42,10 @@ class Measurement:
     @property
     def tokens_per_pass(self) -> float:
         return self.generated / self.passes if self.passes else 0.0
+
+    def prompt_rates(self) -> list[float]:
+        """Tokens per target pass of each prompt."""
+        return [tokens / passes if passes else 0.0 for tokens, passes in self.per_prompt]
 
     def to_dict(self) -> dict:
         return {
@@ -86,6 +92,7 @@ def measure(
         result.generated += stats.generated_tokens
         result.passes += stats.target_passes
         result.outputs.append(list(done.tokens))
+        result.per_prompt.append((stats.generated_tokens, stats.target_passes))
         if advance is not None:
             advance()
     return result

@@ -224,7 +224,9 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
             )
             result.registered = save.register_pair(entry)
         else:
-            result.notes.append(f"not registered as '{config.register}': the draft is not better")
+            result.notes.append(
+                f"not registered as '{config.register}': the draft is not clearly better"
+            )
     return result
 
 
@@ -295,6 +297,8 @@ def _write_record(folder: Path, config, resolved, settings, result: TuneResult, 
         "before": result.before.to_dict(),
         "after": result.after.to_dict(),
         "better": result.better,
+        "verdict": result.verdict,
+        "change_in_tokens_per_pass": dict(zip(("mean", "standard_error"), result.change)),
         "identical_greedy_outputs": result.identical,
     }
     (folder / "tune.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
