@@ -303,13 +303,11 @@ def verdict_of(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> s
     from macspec.tune.config import TuneResult
     from macspec.tune.measure import Measurement
 
-    def measured(rows: list[tuple[int, int]]) -> Measurement:
-        m = Measurement(k=4, per_prompt=rows)
-        m.generated, m.passes = sum(t for t, _ in rows), sum(p for _, p in rows)
-        return m
-
     return TuneResult(
-        Path("out"), measured(before), measured(after), 1, len(before), 1, 1, "full", 1, 0.0,
+        Path("out"),
+        Measurement(k=4, per_prompt=before),
+        Measurement(k=4, per_prompt=after),
+        1, len(before), 1, 1, "full", 1, 0.0,
         0, 0, True,
     ).verdict  # fmt: skip
 

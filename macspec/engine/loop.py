@@ -130,7 +130,7 @@ class Engine:
                     if k <= 0:
                         yield from self._plain_stretch(context, config, rng, progress, requested)
                         continue
-                    if len(context) - len(target) > MAX_REFEED:
+                    if self._refeed_due(context):
                         # Restores in a row (recurrent layers without an exact rewind) have piled
                         # up ids to feed again: catch up with a plain step, which yields a token
                         # of its own, rather than widen every pass. Then draft as asked.
@@ -159,12 +159,17 @@ class Engine:
             if drafter is not None:
                 drafter.rollback(keep)
 
-    def _probe_due(self, cycle: int | None = None) -> bool:
-        """Whether speculative cycle number `cycle` (default: the next) times drafting and
-        verifying apart; only a policy that prices one against the other needs it."""
-        cycle = self._cycles_run + 1 if cycle is None else cycle
+    def _probe_due(self) -> bool:
+        """Whether the next speculative cycle times drafting and verifying apart; only a
+        policy that prices one against the other needs it."""
+        cycle = self._cycles_run + 1
         wanted = getattr(self.policy, "wants_timings", True)
         return wanted and (cycle <= 4 or cycle % PROBE_EVERY == 0)
+
+    def _refeed_due(self, context: list[int]) -> bool:
+        """Whether restores in a row have piled up more ids to feed again than a verify pass
+        should carry (recurrent layers without an exact rewind)."""
+        return len(context) - len(self.target) > MAX_REFEED
 
     def _draft_ahead(
         self,
@@ -178,17 +183,14 @@ class Engine:
         device drafts while the host turns tokens into text (a stall's worth per cycle on a
         GPU). Not past the answer's end, and not before a probe cycle, which times drafting."""
         delivered = progress.delivered + len(kept)
-        if (
-            delivered >= config.max_tokens
-            or not self.eos_ids.isdisjoint(kept)
-            or len(context) - len(self.target) > MAX_REFEED
-            or self._probe_due()
-        ):
+        ending = delivered >= config.max_tokens or not self.eos_ids.isdisjoint(kept)
+        if ending or self._probe_due():
             return None
         requested = self.policy.draft_length()
         k = min(requested, config.max_tokens - delivered - 1)
-        if k <= 0:
-            progress.decided = requested  # the loop steps plainly, as decided
+        if k <= 0 or self._refeed_due(context):
+            # A plain step comes first: the loop takes it, with the length decided here.
+            progress.decided = requested
             return None
         begun = time.perf_counter()
         draft = self._propose(context, k, config.sampling, rng)
@@ -290,8 +292,8 @@ class Engine:
         them: one wait. A probe cycle now and then waits after drafting too, to time drafting
         and verifying apart."""
         target = self.target
+        timed = draft is None and self._probe_due()
         self._cycles_run += 1
-        timed = draft is None and self._probe_due(self._cycles_run)
         if draft is None:
             draft = self._propose(context, k, params, rng)
         guesses = draft.tokens

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict
 
 from macspec.engine.config import GenerationConfig
 from macspec.engine.distributed import Diverged, PeerLost
@@ -44,10 +44,9 @@ def decode(values: Sequence[int]) -> tuple[list[int], GenerationConfig]:
     data = b"".join(int(v).to_bytes(BYTES_PER_VALUE, "little") for v in values)
     message = json.loads(data)
     fields = message["config"]
-    config = GenerationConfig(
-        **{**fields, "sampling": SamplingParams(**fields["sampling"])},
-    )
-    return message["prompt"], replace(config, stop_strings=tuple(config.stop_strings))
+    sampling, stops = SamplingParams(**fields["sampling"]), tuple(fields["stop_strings"])
+    config = GenerationConfig(**{**fields, "sampling": sampling, "stop_strings": stops})
+    return message["prompt"], config
 
 
 class Leader:

@@ -75,13 +75,13 @@ class Worker:
         max_queue: int = 32,
         prompt_cache_size: int = 4,
         leader: Leader | None = None,
-        on_fatal: Callable[[BaseException], None] | None = None,
     ):
         self.engine = engine
         self.leader = leader
         """Under mlx.launch: tells the other ranks each generation before it runs."""
-        self.on_fatal = on_fatal
-        """Called (on the worker thread) when no generation can run any more: a lost rank."""
+        self.on_fatal: Callable[[BaseException], None] | None = None
+        """Called (on the worker thread) when no generation can run any more: a lost rank
+        (the server sets it to stop itself)."""
         self.fatal: BaseException | None = None
         self.max_queue = max_queue
         """Most requests waiting while one generates; more are refused (429)."""

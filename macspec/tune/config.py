@@ -90,13 +90,11 @@ class TuneResult:
         """(mean, standard error) over the held-out prompts of the change in each prompt's
         tokens per target pass, after minus before (paired: the same prompts, the same
         greedy answers)."""
-        pairs = list(zip(self.before.prompt_rates(), self.after.prompt_rates()))
-        if not pairs:  # measured without per-prompt figures: the totals alone
-            return self.after.tokens_per_pass - self.before.tokens_per_pass, 0.0
+        pairs = zip(self.before.prompt_rates(), self.after.prompt_rates())
         diffs = [after - before for before, after in pairs]
+        if len(diffs) < 2:  # no spread to judge by
+            return (diffs[0] if diffs else 0.0), 0.0
         mean = sum(diffs) / len(diffs)
-        if len(diffs) < 2:
-            return mean, 0.0
         variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
         return mean, (variance / len(diffs)) ** 0.5
 

@@ -20,16 +20,10 @@ class Measurement:
 
     k: int
     """Draft length of every cycle."""
-    prompts: int = 0
-    """Prompts answered."""
     proposed: int = 0
     """Guesses sent to the target."""
     accepted: int = 0
     """Guesses kept."""
-    generated: int = 0
-    """Tokens generated."""
-    passes: int = 0
-    """Target passes after prefill."""
     outputs: list[list[int]] = field(default_factory=list)
     """Each prompt's generated ids (the same for every draft at temperature 0)."""
     per_prompt: list[tuple[int, int]] = field(default_factory=list)
@@ -38,6 +32,21 @@ class Measurement:
     @property
     def acceptance(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def prompts(self) -> int:
+        """Prompts answered."""
+        return len(self.per_prompt)
+
+    @property
+    def generated(self) -> int:
+        """Tokens generated."""
+        return sum(tokens for tokens, _ in self.per_prompt)
+
+    @property
+    def passes(self) -> int:
+        """Target passes after prefill."""
+        return sum(passes for _, passes in self.per_prompt)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -86,11 +95,8 @@ def measure(
         )
         done = next(e for e in engine.generate(prompt, config) if isinstance(e, Done))
         stats = done.stats
-        result.prompts += 1
         result.proposed += stats.draft_proposed
         result.accepted += stats.draft_accepted
-        result.generated += stats.generated_tokens
-        result.passes += stats.target_passes
         result.outputs.append(list(done.tokens))
         result.per_prompt.append((stats.generated_tokens, stats.target_passes))
         if advance is not None:
