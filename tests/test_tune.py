@@ -199,10 +199,13 @@ def test_lora_on_a_quantized_draft_saves_it_quantized_as_it_was(models, tmp_path
 
 
 def files_under(folder: Path) -> set[Path]:
-    """Every path under `folder` but the macspec home's tokenizer fingerprints (a cache that
-    loading any pair fills, `macspec run` as well: not something tune writes)."""
+    """Every path under `folder` but caches: the macspec home's tokenizer fingerprints (which
+    loading any pair fills, `macspec run` as well), the target's answers (kept on purpose when
+    a run stops: the next one reuses them), and the test's TMPDIR (where MLX's CPU backend
+    keeps the kernels it compiles, the first time a test process runs one)."""
+    caches = {("home",), ("home", "tokenizers"), ("home", "tune-answers.sqlite"), ("tmp",)}
     paths = {p.relative_to(folder) for p in folder.rglob("*")}
-    return {p for p in paths if p.parts[:2] not in {("home",), ("home", "tokenizers")}}
+    return {p for p in paths if p.parts[:2] not in caches and p.parts[:1] != ("tmp",)}
 
 
 def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch):
@@ -225,6 +228,52 @@ def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch
     assert code == 130, stderr
     assert len(reports) == 1 and reports[0]["iteration"] < 20
     assert files_under(tmp_path) == before  # not --out, not its parent, no staging folder
+
+
+def test_a_second_run_reuses_the_targets_answers_and_trains_the_same(models, tmp_path, monkeypatch):
+    """Answers (and the target's log-probabilities) are kept in the macspec home: a run with the
+    same target, prompts and answer settings generates none, and trains to the same weights; a
+    changed setting, --no-cache or a damaged cache file generates them again."""
+    import mlx.core as mx
+
+    from macspec.tune import answers
+
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    generated = []
+    real_generate = answers.Engine.generate
+
+    def counting(self, prompt, config):
+        if self.drafter is None:  # the target alone: an answer (measuring drafts as well)
+            generated.append(list(prompt))
+        return real_generate(self, prompt, config)
+
+    monkeypatch.setattr(answers.Engine, "generate", counting)
+    train = ["--full", "--steps", 4, "--learning-rate", 1e-3, "--kl", 0.5]
+
+    def tune_into(name: str, *extra) -> str:
+        generated.clear()
+        code, stdout, stderr = run_cli(
+            *tune_args(models, tmp_path / name, "weak", *train, *extra, few=True)
+        )
+        assert code == 0, stderr
+        return stdout
+
+    first = tune_into("first")
+    assert len(generated) == 4 and "kept from an earlier run" not in first
+    second = tune_into("second")
+    assert generated == [] and "4 answers" in second and "(4 kept from an earlier run)" in second
+    weights = [mx.load(str(tmp_path / n / "model.safetensors")) for n in ("first", "second")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(mx.array_equal(weights[0][k], weights[1][k]).item() for k in weights[0])
+
+    tune_into("longer", "--max-tokens", MAX_TOKENS + 1)  # another setting: other answers
+    assert len(generated) == 4
+    tune_into("fresh", "--no-cache")
+    assert len(generated) == 4
+
+    (tmp_path / "home" / "tune-answers.sqlite").write_bytes(b"not a database" * 100)
+    damaged = tune_into("damaged")
+    assert len(generated) == 4 and "answers not cached" in damaged
 
 
 Usage = collections.namedtuple("Usage", "total used free")

@@ -97,6 +97,15 @@ def tune(
         ),
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
+    no_cache: Annotated[
+        bool,
+        typer.Option(
+            "--no-cache",
+            help="Generate the target's answers afresh (by default they are kept in the "
+            "macspec home, and a later run on the same target, prompts and settings reuses "
+            "them).",
+        ),
+    ] = False,
     seed: Annotated[
         int,
         typer.Option(
@@ -111,6 +120,9 @@ def tune(
     answers: LoRA by default (QLoRA on a quantized draft), --full for tiny drafts. The result is
     fused, re-quantized to the draft's own bits and saved under --out as an mlx-lm model folder,
     written aside and renamed into place only when whole: an error or Ctrl-C leaves nothing.
+    The target's answers are kept in the macspec home as they are generated (--no-cache:
+    afresh), so another run on the same target, prompts and answer settings, with another
+    --learning-rate or --steps, goes straight to training.
     Without --pair or --model, the default pair's draft is tuned.
 
     Acceptance and tokens per target pass are measured on held-out prompts that are never
@@ -150,6 +162,7 @@ def tune(
         kl_weight=kl,
         register=register,
         force=force,
+        cache=not no_cache,
         seed=seed,
     )
     result = run_tune(config, CliReporter())

@@ -58,6 +58,8 @@ class TuneConfig:
     """Add a pair of this name (target + tuned draft) to the user's models.toml."""
     force: bool = False
     """Replace an existing --out."""
+    cache: bool = True
+    """Keep the target's answers in the macspec home, and reuse the ones kept."""
     seed: int = 0
     """Seeds the held-out split, sampling, batch order and LoRA initialisation."""
 

@@ -29,6 +29,7 @@ from macspec.models.loader import LoadedModels, check_same_tokenizer, load_model
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
 from macspec.tune import save
 from macspec.tune.answers import add_target_logprobs, generate_answers
+from macspec.tune.cache import AnswerCache, default_cache_path, target_identity
 from macspec.tune.config import QuietReporter, Reporter, TuneConfig, TuneResult
 from macspec.tune.measure import Measurement, measure
 from macspec.tune.prompts import TunePrompt, read_history, read_prompts, split_held_out
@@ -144,23 +145,17 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
         f"({'--held-out' if config.held_out else 'a split never trained on'})"
     )
 
-    with reporter.task("the target's answers", len(train_ids)) as advance:
-        examples = generate_answers(
-            loaded.target,
-            tokenizer,
-            train_ids,
-            config.max_tokens,
-            config.temperature,
-            config.seed,
-            advance=lambda _tokens: advance(),
-        )
-    if not examples:
-        raise MacspecError("the target answered none of the prompts (every answer was empty)")
+    cache = None
+    if config.cache:
+        cache = AnswerCache(default_cache_path(), target_identity(resolved.target))
+    try:
+        examples = _answers(config, loaded, train_ids, cache, reporter)
+    finally:
+        if cache is not None:
+            cache.close()
+            if cache.problem:
+                reporter.note(cache.problem)
     answer_tokens = sum(e.answer_length for e in examples)
-    reporter.note(f"{len(examples)} answers, {answer_tokens:,} tokens")
-    if config.kl_weight > 0:
-        with reporter.task("the target's log-probabilities", len(examples)) as advance:
-            add_target_logprobs(loaded.target, examples, config.top_k, loaded.vocab_size, advance)
 
     figures = dict(
         k=plan.k, max_tokens=config.max_tokens, temperature=config.temperature, seed=config.seed
@@ -228,6 +223,40 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
                 f"not registered as '{config.register}': the draft is not clearly better"
             )
     return result
+
+
+def _answers(config: TuneConfig, loaded: LoadedModels, prompts, cache, reporter) -> list:
+    """The target's answers (and top-k log-probabilities when the loss has a KL term), from
+    the cache where it kept them."""
+    from_cache = []
+    with reporter.task("the target's answers", len(prompts)) as advance:
+
+        def answered(cached: bool) -> None:
+            from_cache.append(cached)
+            advance()
+
+        examples = generate_answers(
+            loaded.target,
+            loaded.tokenizer,
+            prompts,
+            config.max_tokens,
+            config.temperature,
+            config.seed,
+            advance=answered,
+            cache=cache,
+        )
+    if not examples:
+        raise MacspecError("the target answered none of the prompts (every answer was empty)")
+    answer_tokens = sum(e.answer_length for e in examples)
+    reused = sum(from_cache)
+    kept = f" ({reused} kept from an earlier run)" if reused else ""
+    reporter.note(f"{len(examples)} answers, {answer_tokens:,} tokens{kept}")
+    if config.kl_weight > 0:
+        with reporter.task("the target's log-probabilities", len(examples)) as advance:
+            add_target_logprobs(
+                loaded.target, examples, config.top_k, loaded.vocab_size, advance, cache
+            )
+    return examples
 
 
 def _settings(config: TuneConfig, examples: int) -> TrainSettings:
