@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 async def in_app(engine, tok, prompts, max_tokens) -> list[float]:
     from macspec.chat.store import Store
     from macspec.engine.loop import GenerationConfig
-    from tui.app import make_app
+    from tui.factory import make_app
 
     rates = []
     store = Store(Path(tempfile.mkdtemp()) / "chats.db")

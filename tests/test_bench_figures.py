@@ -12,12 +12,14 @@ from macspec.bench.figures import (
     MLX_LM,
     BenchConfig,
     RunRecord,
-    compare,
-    first_difference,
-    lossless_checks,
     replay_mlx_cycles,
     spread,
     summarize,
+)
+from macspec.bench.lossless import (
+    compare,
+    first_difference,
+    lossless_checks,
     summarize_lossless,
 )
 from macspec.bench.plan import BenchSettings, plan_configs, schedule

@@ -119,7 +119,7 @@ def test_a_forbidden_import_is_caught(module: str, source: str) -> None:
 def test_allowed_imports_pass() -> None:
     assert not violations("from macspec.engine.events import Done", "macspec.chat.session")
     assert not violations("from macspec.errors import MacspecError", "macspec.engine.loop")
-    assert not violations("from tui.app import make_app", "macspec.cli.chat")
+    assert not violations("from tui.factory import make_app", "macspec.cli.chat")
 
 
 LIGHT_COMMANDS = [

@@ -218,7 +218,7 @@ async def test_the_chat_shows_the_reasoning_collapsed_and_apart(tok, tmp_path):
     from textual.widgets import Collapsible
 
     from macspec.chat.store import Store
-    from tui.app import make_app
+    from tui.factory import make_app
 
     store = Store(tmp_path / "chats.db")
     engine = thinking_engine(tok, encode_prompt(tok, "2+2?"), ANSWER, draft=True)

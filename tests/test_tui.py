@@ -16,8 +16,9 @@ from macspec.engine.lookup import HybridDrafter
 from macspec.engine.loop import GenerationConfig
 from macspec.errors import MacspecError
 from macspec.models.catalog import Pair
-from tui.app import ChatApp, make_app
-from tui.widgets.transcript import AnswerMessage, Notice, Transcript, UserMessage
+from tui.app import ChatApp
+from tui.factory import make_app
+from tui.widgets.transcript import AnswerMessage, Notice, UserMessage
 
 MODELS = ModelInfo(target="tiny/target", draft="tiny/draft", pair="tiny")
 OTHER = Pair(
@@ -384,29 +385,3 @@ def test_snapshot_main_screen_colours_off(tok, tmp_path, snap_compare):
         await pilot.press("ctrl+t")
 
     assert snap_compare(app, terminal_size=SIZE, run_before=turn_then_toggle)
-
-
-@pytest.mark.asyncio
-async def test_an_answer_that_turns_markdown_mid_stream_shows_all_of_it():
-    """With the colours off, plain text is shown preformatted and the Markdown body is not fed;
-    once the answer turns Markdown the body catches up with the whole text, not just the
-    fragment that turned it."""
-    from textual.app import App
-
-    from macspec.engine.events import Source
-
-    class Host(App):  # no '-sources' class: the Markdown / preformatted views show
-        def compose(self):
-            yield Transcript()
-
-    async with Host().run_test() as pilot:
-        answer = await pilot.app.query_one(Transcript).add_answer()
-        await answer.add_tokens([("some plain words\n", Source.TARGET)])
-        assert answer.has_class("-plain")
-        await answer.add_tokens([("\n# A heading\n\n- one\n", Source.DRAFT)])
-        assert not answer.has_class("-plain")
-        assert (
-            answer.query_one(".body").source
-            == answer.text
-            == ("some plain words\n\n# A heading\n\n- one\n")
-        )

@@ -390,13 +390,3 @@ class ChatApp(App, inherit_bindings=False):
         self.stats_bar.set_colours(self.colours)
         if self._answer is not None:  # the answer streaming: its Markdown view catches up
             await self._answer.catch_up()
-
-
-def __getattr__(name: str):
-    """`make_app` and `default_pair_loader` live in tui/factory.py (which imports ChatApp);
-    `from tui.app import make_app` still works."""
-    if name in {"make_app", "default_pair_loader"}:
-        from tui import factory
-
-        return getattr(factory, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

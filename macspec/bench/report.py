@@ -13,12 +13,11 @@ from typing import TYPE_CHECKING, Any
 from macspec.bench.figures import (
     BenchConfig,
     ConfigSummary,
-    LosslessSummary,
     RunRecord,
     Spread,
     summarize,
-    summarize_lossless,
 )
+from macspec.bench.lossless import LosslessSummary, summarize_lossless
 from macspec.bench.theory import (
     BestK,
     TheoryRow,

@@ -23,11 +23,10 @@ from macspec.bench.cost import CostSampler
 from macspec.bench.figures import (
     MACSPEC,
     BenchConfig,
-    Comparison,
     RunRecord,
-    lossless_checks,
     replay_mlx_cycles,
 )
+from macspec.bench.lossless import Comparison, lossless_checks
 
 # re-exported: what the bench runs is planned in bench/plan.py
 from macspec.bench.plan import BenchSettings, plan_configs, run_seed, schedule  # noqa: E402,F401

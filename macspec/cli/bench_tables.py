@@ -8,7 +8,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from macspec.bench.figures import ConfigSummary, LosslessSummary, Spread
+from macspec.bench.figures import ConfigSummary, Spread
+from macspec.bench.lossless import LosslessSummary
 from macspec.bench.report import HOW_COUNTED, Report
 
 SHARDED_NOTE = (
