@@ -260,8 +260,10 @@ def test_a_second_run_reuses_the_targets_answers_and_trains_the_same(models, tmp
 
     first = tune_into("first")
     assert len(generated) == 4 and "kept from an earlier run" not in first
+    answers = json.loads((tmp_path / "first" / "tune.json").read_text())["answer_tokens"]
     second = tune_into("second")
-    assert generated == [] and "4 answers" in second and "(4 kept from an earlier run)" in second
+    cache = tmp_path / "home" / "tune-answers.sqlite"
+    assert generated == [] and f"4 answers, {answers} tokens (cache: {cache}, 4 kept from" in second
     weights = [mx.load(str(tmp_path / n / "model.safetensors")) for n in ("first", "second")]
     assert weights[0].keys() == weights[1].keys()
     assert all(mx.array_equal(weights[0][k], weights[1][k]).item() for k in weights[0])
@@ -273,7 +275,7 @@ def test_a_second_run_reuses_the_targets_answers_and_trains_the_same(models, tmp
 
     (tmp_path / "home" / "tune-answers.sqlite").write_bytes(b"not a database" * 100)
     damaged = tune_into("damaged")
-    assert len(generated) == 4 and "answers not cached" in damaged
+    assert len(generated) == 4 and "answers not cached" in damaged and "(cache:" not in damaged
 
 
 Usage = collections.namedtuple("Usage", "total used free")

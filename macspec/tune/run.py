@@ -249,8 +249,9 @@ def _answers(config: TuneConfig, loaded: LoadedModels, prompts, cache, reporter)
         raise MacspecError("the target answered none of the prompts (every answer was empty)")
     answer_tokens = sum(e.answer_length for e in examples)
     reused = sum(from_cache)
-    kept = f" ({reused} kept from an earlier run)" if reused else ""
-    reporter.note(f"{len(examples)} answers, {answer_tokens:,} tokens{kept}")
+    kept = f", {reused} kept from an earlier run" if reused else ""
+    where = f" (cache: {cache.path}{kept})" if cache is not None and not cache.problem else ""
+    reporter.note(f"{len(examples)} answers, {answer_tokens:,} tokens{where}")
     if config.kl_weight > 0:
         with reporter.task("the target's log-probabilities", len(examples)) as advance:
             add_target_logprobs(
