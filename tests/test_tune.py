@@ -8,8 +8,11 @@ import collections
 import contextlib
 import io
 import json
+import os
 import random
 import shutil
+import signal
+import time
 from pathlib import Path
 
 import mlx.nn as nn
@@ -208,7 +211,8 @@ def files_under(folder: Path) -> set[Path]:
     return {p for p in paths if p.parts[:2] not in caches and p.parts[:1] != ("tmp",)}
 
 
-def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch):
+@pytest.mark.parametrize("stop", ["ctrl-c", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch, stop):
     from macspec.cli.tune import CliReporter
 
     monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
@@ -216,7 +220,10 @@ def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch
 
     def interrupt(self, info: dict) -> None:
         reports.append(info)
-        raise KeyboardInterrupt  # as Ctrl-C would, in the middle of mlx-lm's training loop
+        if stop == "ctrl-c":
+            raise KeyboardInterrupt  # as Ctrl-C would, in the middle of mlx-lm's training loop
+        os.kill(os.getpid(), getattr(signal, stop))  # a kill, or the terminal closed
+        time.sleep(5)  # the handler raises before this ends
 
     monkeypatch.setattr(CliReporter, "train_report", interrupt)
     work = tmp_path / "work"
@@ -225,7 +232,13 @@ def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch
     code, _, stderr = run_cli(
         *tune_args(models, work / "new" / "draft", "weak", "--steps", 20, few=True)
     )
-    assert code == 130, stderr
+    if stop == "ctrl-c":
+        assert code == 130, stderr
+    else:
+        assert code == 128 + getattr(signal, stop), stderr
+        assert stderr.strip().splitlines()[-1] == (
+            f"macspec: stopped by {stop}: nothing written to {work / 'new' / 'draft'}"
+        )
     assert len(reports) == 1 and reports[0]["iteration"] < 20
     assert files_under(tmp_path) == before  # not --out, not its parent, no staging folder
 

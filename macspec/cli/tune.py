@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -11,6 +13,7 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.errors import QuietExit
 
 
 @app.command()
@@ -119,7 +122,8 @@ def tune(
     with macspec's engine, greedy unless --temp. mlx-lm's tuner fine-tunes the draft on those
     answers: LoRA by default (QLoRA on a quantized draft), --full for tiny drafts. The result is
     fused, re-quantized to the draft's own bits and saved under --out as an mlx-lm model folder,
-    written aside and renamed into place only when whole: an error or Ctrl-C leaves nothing.
+    written aside and renamed into place only when whole: an error, Ctrl-C or SIGTERM leaves
+    nothing.
     The target's answers are kept in the macspec home as they are generated (--no-cache:
     afresh), so another run on the same target, prompts and answer settings, with another
     --learning-rate or --steps, goes straight to training.
@@ -165,7 +169,13 @@ def tune(
         cache=not no_cache,
         seed=seed,
     )
-    result = run_tune(config, CliReporter())
+    try:
+        with _ended_by_signals():
+            result = run_tune(config, CliReporter())
+    except _Terminated as exc:
+        name = signal.Signals(exc.signum).name
+        print(f"macspec: stopped by {name}: nothing written to {out}", file=sys.stderr)
+        raise QuietExit(128 + exc.signum) from None
     print()
     for line in iter_lines(result):
         print(line)
@@ -206,6 +216,29 @@ def tune(
         print(f"use it: macspec chat --pair {register}")
     elif result.better and register is None:
         print(f"use it: macspec chat --model TARGET --draft-model {out}, or tune with --register")
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP (a closed terminal): unwinds like Ctrl-C, so the staging folder goes
+    and the answers finished so far stay cached; BaseException, so no `except Exception` on
+    the way (mlx-lm's, ours) mistakes it for an error."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _ended_by_signals() -> Iterator[None]:
+    def end(signum, _frame) -> None:
+        raise _Terminated(signum)
+
+    previous = {s: signal.signal(s, end) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class CliReporter:
