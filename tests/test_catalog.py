@@ -142,7 +142,9 @@ def test_fixed_draft_policy_is_an_int(hf_cache):
 
 
 def test_unknown_pair_lists_the_known_ones(hf_cache):
-    with pytest.raises(MacspecError, match=r"unknown pair 'nope' \(known: demo, llama-3.1-8b,"):
+    with pytest.raises(
+        MacspecError, match=r"unknown pair 'nope' \(known: demo, demo-tuned, llama-3.1-8b,"
+    ):
         load_catalog().get("nope")
 
 

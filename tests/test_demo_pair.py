@@ -38,7 +38,7 @@ def chat_ids(tokenizer, prompt: str) -> list[int]:
     )
 
 
-@pytest.mark.parametrize("name", ["target", "draft"])
+@pytest.mark.parametrize("name", ["target", "draft", "draft-tuned"])
 def test_shipped_files_are_4bit_llama(name):
     path = demo_path(name)
     shipped = {p.name for p in path.iterdir()}
@@ -114,4 +114,39 @@ def test_lookup_drafting_on_the_demo_target_is_lossless(pair):
             reference.append(token)
         assert done.tokens == reference
         kept += done.stats.by_source["lookup"][1]
+    assert kept > 0
+
+
+def test_the_tuned_draft_shares_the_tokenizer_and_stays_lossless(pair, prompts):
+    """The demo-tuned pair's draft (made by `macspec tune`, see macspec/demo/README.md): the
+    same tokenizer files as the target's, guesses kept, and speculative output that is
+    mlx-lm's target-only greedy output token for token."""
+    from mlx_lm.generate import generate_step
+
+    from macspec.engine.drafters import ModelDrafter
+    from macspec.engine.events import Done
+    from macspec.engine.loop import Engine, GenerationConfig
+    from macspec.engine.policy import FixedPolicy
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        tuned = (demo_path("draft-tuned") / name).read_bytes()
+        assert tuned == (demo_path("target") / name).read_bytes()
+    record = json.loads((demo_path("draft-tuned") / "tune.json").read_text())
+    assert record["verdict"] == "better" and record["identical_greedy_outputs"]
+    (model, tok), _ = pair
+    draft, _ = mlx_lm.load(str(demo_path("draft-tuned")))
+    engine = Engine(model, tok, ModelDrafter(draft), FixedPolicy(4))
+    kept = 0
+    for prompt in prompts:
+        ids = chat_ids(tok, prompt)
+        done = next(
+            e for e in engine.generate(ids, GenerationConfig(max_tokens=64)) if isinstance(e, Done)
+        )
+        reference = []
+        for token, _ in generate_step(mx.array(ids), model, max_tokens=64):
+            if token == tok.eos_token_id:
+                break
+            reference.append(token)
+        assert done.tokens == reference
+        kept += done.stats.draft_accepted
     assert kept > 0
