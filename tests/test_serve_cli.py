@@ -89,7 +89,7 @@ def test_serve_end_to_end_and_a_stop_drains(folders, tmp_path, stop):
         chunks += list(stream)
         assert chunks[-1].choices[0].finish_reason == "length"
         assert chunks[-1].model_extra["macspec"]["k"] == 2
-        assert process.wait(30) == 0
+        assert process.wait(30) == 0, log.read_text()
     finally:
         if process.poll() is None:
             process.kill()

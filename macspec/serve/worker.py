@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import mlx.core as mx
+
 from macspec.engine.distributed import Diverged, PeerLost
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
@@ -153,6 +155,9 @@ class Worker:
             finally:
                 with self._lock:
                     self._running = None
+        # Work queued with async_eval (a draft queued ahead) finishes before the thread ends:
+        # none may still run on MLX's own threads while the interpreter shuts down.
+        mx.synchronize()
 
     def _generate(self, job: Job) -> None:
         job.started_at = time.perf_counter()
