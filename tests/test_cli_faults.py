@@ -189,8 +189,15 @@ def test_ctrl_c_during_run_ends_the_line_then_a_stats_line_exit_130(models):
     try:
         first = process.stdout.read(40)  # text is streaming
         assert first
-        process.send_signal(signal.SIGINT)
-        rest, err = process.communicate(timeout=60)
+        for attempt in range(3):
+            process.send_signal(signal.SIGINT)
+            try:
+                rest, err = process.communicate(timeout=20)
+                break
+            except subprocess.TimeoutExpired:
+                # Dropped by the OS: MLX's CPU backend was compiling a kernel with system(),
+                # which ignores SIGINT meanwhile; a user presses Ctrl-C again.
+                assert attempt < 2, "three Ctrl-Cs did not stop the run"
     finally:
         if process.poll() is None:
             process.kill()
