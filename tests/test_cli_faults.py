@@ -184,20 +184,18 @@ def test_ctrl_c_during_run_ends_the_line_then_a_stats_line_exit_130(models):
     # then is lost by the OS, not mishandled (Linux CPU only; Metal compiles in-process).
     subprocess.run([*argv, "--max-tokens", "300"], capture_output=True, timeout=120, check=True)
     process = subprocess.Popen(
-        [*argv, "--max-tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [*argv, "--max-tokens", "100000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # As a terminal's foreground job: a suite started in the background (`cmd &` in a
+        # script) hands its children SIGINT ignored, and Python then keeps ignoring it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         first = process.stdout.read(40)  # text is streaming
         assert first
-        for attempt in range(3):
-            process.send_signal(signal.SIGINT)
-            try:
-                rest, err = process.communicate(timeout=20)
-                break
-            except subprocess.TimeoutExpired:
-                # Dropped by the OS: MLX's CPU backend was compiling a kernel with system(),
-                # which ignores SIGINT meanwhile; a user presses Ctrl-C again.
-                assert attempt < 2, "three Ctrl-Cs did not stop the run"
+        process.send_signal(signal.SIGINT)
+        rest, err = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
             process.kill()
