@@ -32,6 +32,18 @@ def prompts():
         return [json.loads(line)["prompt"] for line in f][:3]
 
 
+def target_alone(model, tokenizer, ids: list[int], max_tokens: int) -> list[int]:
+    """mlx-lm's own greedy decoding of the target alone, cut at (and without) the EOS."""
+    from mlx_lm.generate import generate_step
+
+    out = []
+    for token, _ in generate_step(mx.array(ids), model, max_tokens=max_tokens):
+        if token == tokenizer.eos_token_id:
+            break
+        out.append(token)
+    return out
+
+
 def chat_ids(tokenizer, prompt: str) -> list[int]:
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": prompt}], add_generation_prompt=True
@@ -92,8 +104,6 @@ def test_target_greedy_is_deterministic_python(pair, prompts):
 def test_lookup_drafting_on_the_demo_target_is_lossless(pair):
     """Prompt lookup on the real 4-bit target, on the bench's edit-this-code prompts: the same
     ids as mlx-lm's target-only decoding, with some of lookup's guesses kept."""
-    from mlx_lm.generate import generate_step
-
     from macspec.bench.prompts import GROUNDED
     from macspec.engine.events import Done
     from macspec.engine.lookup import LookupDrafter
@@ -107,12 +117,7 @@ def test_lookup_drafting_on_the_demo_target_is_lossless(pair):
         ids = chat_ids(tok, prompt)
         config = GenerationConfig(max_tokens=96)
         done = next(e for e in engine.generate(ids, config) if isinstance(e, Done))
-        reference = []
-        for token, _ in generate_step(mx.array(ids), model, max_tokens=96):
-            if token == tok.eos_token_id:
-                break
-            reference.append(token)
-        assert done.tokens == reference
+        assert done.tokens == target_alone(model, tok, ids, 96)
         kept += done.stats.by_source["lookup"][1]
     assert kept > 0
 
@@ -121,8 +126,6 @@ def test_the_tuned_draft_shares_the_tokenizer_and_stays_lossless(pair, prompts):
     """The demo-tuned pair's draft (made by `macspec tune`, see macspec/demo/README.md): the
     same tokenizer files as the target's, guesses kept, and speculative output that is
     mlx-lm's target-only greedy output token for token."""
-    from mlx_lm.generate import generate_step
-
     from macspec.engine.drafters import ModelDrafter
     from macspec.engine.events import Done
     from macspec.engine.loop import Engine, GenerationConfig
@@ -139,14 +142,8 @@ def test_the_tuned_draft_shares_the_tokenizer_and_stays_lossless(pair, prompts):
     kept = 0
     for prompt in prompts:
         ids = chat_ids(tok, prompt)
-        done = next(
-            e for e in engine.generate(ids, GenerationConfig(max_tokens=64)) if isinstance(e, Done)
-        )
-        reference = []
-        for token, _ in generate_step(mx.array(ids), model, max_tokens=64):
-            if token == tok.eos_token_id:
-                break
-            reference.append(token)
-        assert done.tokens == reference
+        config = GenerationConfig(max_tokens=64)
+        done = next(e for e in engine.generate(ids, config) if isinstance(e, Done))
+        assert done.tokens == target_alone(model, tok, ids, 64)
         kept += done.stats.draft_accepted
     assert kept > 0
