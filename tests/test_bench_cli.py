@@ -80,7 +80,7 @@ def test_the_grounded_prompt_set_quotes_its_input(folders, capsys):
 
 def test_an_unknown_draft_source_is_a_user_error(folders, capsys):
     assert main(bench_args(folders, "--draft", "crystal-ball")) == 2
-    assert "--draft must be one of" in capsys.readouterr().err
+    assert "--draft must list drafters out of model, lookup" in capsys.readouterr().err
 
 
 def test_json_has_every_configuration_and_figure(folders, capsys):

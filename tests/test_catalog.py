@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,15 @@ def test_pair_status_of_a_downloaded_pair(cached_model, tiny_model_folder):
     assert status.downloaded
     assert status.memory.weights_bytes == 2 * weights
     assert status.memory.kv_cache_bytes == 2 * kv
+
+
+def test_the_readme_example_pair_is_a_valid_user_pair(hf_cache):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", readme, re.S)
+    user_catalog(example)
+    pair = load_catalog().get("my-qwen")
+    assert (pair.target, pair.draft) == (
+        "mlx-community/Qwen3-14B-4bit",
+        "mlx-community/Qwen3-0.6B-4bit",
+    )
+    assert pair.draft_policy == "auto" and pair.ranks == 1

@@ -79,6 +79,18 @@ ONE_LINE = {
         None,
         "between 1 and 64",
     ),
+    "nothing on stdin": (["run", "-", "--model", "{model}"], b"", "stdin gave no text"),
+    # Checked before anything loads, greedy or not.
+    "sampler typo, greedy": (["run", "hi", "--model", "/x", "--sampler", "bogus"], None, "bogus"),
+    "temp inf": (["run", "hi", "--model", "/x", "--temp", "inf"], None, "a finite number"),
+    "raw and system": (["run", "hi", "--model", "/x", "--raw", "--system", "s"], None, "--raw"),
+    "bench draft typo": (["bench", "--model", "{model}", "--draft", "nope"], None, "'nope'"),
+    "bench draft auto": (["bench", "--model", "{model}", "--draft", "auto"], None, "--draft all"),
+    "bench plot folder": (
+        ["bench", "--model", "{model}", "--plot", "/nowhere/at/all/x.png"],
+        None,
+        "no folder /nowhere/at/all",
+    ),
     "truncated weights": (["run", "hi", "--model", "{truncated}"], None, "truncated"),
     "damaged weights header": (["run", "hi", "--model", "{bad-header}"], None, "damaged"),
     "damaged weights JSON": (["run", "hi", "--model", "{bad-json}"], None, "not valid JSON"),
@@ -217,6 +229,72 @@ def test_ctrl_c_while_the_program_starts_is_no_traceback(tmp_path):
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 130, done.stderr
         assert done.stderr.strip() == "macspec: interrupted" and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_inside_a_command_before_it_streams_is_one_line(capsys, monkeypatch, models):
+    """typer turns a KeyboardInterrupt it catches into exit code 130 and says nothing."""
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C would, while the models load
+
+    monkeypatch.setattr("macspec.models.build.build_engine", interrupted)
+    code, out, err = run_cli(capsys, monkeypatch, "run", "hi", "--model", models["model"])
+    assert (code, out) == (130, "")
+    assert err.strip() == "macspec: interrupted"
+
+
+class FailingStdout(io.StringIO):
+    """A stdout whose writes fail once some text has gone through."""
+
+    def __init__(self, error: OSError, after: int):
+        super().__init__()
+        self.error, self.after = error, after
+
+    def write(self, text: str) -> int:
+        if self.tell() + len(text) > self.after:
+            raise self.error
+        return super().write(text)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_reader_that_goes_away_ends_the_run_quietly(capsys, monkeypatch, models, as_json):
+    """`macspec run … | head -1`: the reader had what it wanted: exit 0, nothing said."""
+    stdout = FailingStdout(BrokenPipeError(32, "Broken pipe"), after=0 if as_json else 3)
+    argv = ["run", "hi", "--model", models["model"], "--max-tokens", "40"]
+    monkeypatch.setattr("sys.stdout", stdout)
+    code = main([*map(str, argv), *(["--json"] if as_json else [])])
+    assert code == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_full_disk_under_stdout_is_one_line(capsys, monkeypatch, models):
+    monkeypatch.setattr("sys.stdout", FailingStdout(OSError(28, "No space left on device"), 3))
+    code = main(["run", "hi", "--model", str(models["model"]), "--max-tokens", "40"])
+    assert_one_line(code, capsys.readouterr().err, "cannot write the answer to stdout")
+
+
+@pytest.mark.parametrize("closed", [0, 1], ids=["stdin", "stdout"])
+def test_a_closed_stdin_or_stdout_is_not_a_failure(models, closed):
+    """`<&-` or `>&-`: the model's weights must not be opened as fd 0 (MLX refuses that), and
+    a closed stdout is /dev/null, not a traceback."""
+    argv = [sys.executable, "-m", "macspec", "run", "hi", "--model", str(models["model"])]
+    done = subprocess.run(
+        [*argv, "--max-tokens", "4"],
+        capture_output=closed != 1,
+        stderr=subprocess.PIPE if closed == 1 else None,
+        preexec_fn=lambda: os.close(closed),
+        timeout=120,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert err.strip().splitlines()[-1].endswith(" · length"), err
+
+
+def test_a_folder_where_models_toml_goes_is_one_line(capsys, monkeypatch):
+    folder = Path(os.environ["MACSPEC_HOME"]) / "models.toml"
+    folder.mkdir(parents=True)
+    code, _, err = run_cli(capsys, monkeypatch, "models")
+    assert_one_line(code, err, f"{folder}: a folder, not the TOML file")
 
 
 # -- the user's TOML files ----------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import random
 import sqlite3
 from pathlib import Path
 
@@ -201,6 +202,16 @@ def test_a_damaged_page_is_one_line_and_the_rest_can_be_exported(tmp_path, capsy
     assert 0 < lost < 30
     assert f"exported 3 conversations ({len(texts)} messages)" in err
     assert f"{lost} rows could not be read" in err
+
+
+@pytest.mark.parametrize("header", [b"", b"SQLite format 3\x00"], ids=["noise", "header"])
+def test_export_of_a_file_with_no_readable_table_is_one_line(capsys, header):
+    """Nothing can be read: one line that says so, not millions of 'rows' that never were."""
+    path = default_database_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(header + random.Random(0).randbytes(8000))
+    line = one_line_error(capsys, ["history", "--export", "-"])
+    assert f"{path}: nothing in it can be read" in line and "mv " in line
 
 
 def test_export_of_a_healthy_database_is_history_show_json(capsys):

@@ -240,3 +240,22 @@ async def test_the_chat_shows_the_reasoning_collapsed_and_apart(tok, tmp_path):
         old = resumed.transcript.query(AnswerMessage).last()
         assert old.text == "It is **4**." and old.reasoning == "The user asks 2+2. That is 4."
         assert old.query_one(".reasoning", Collapsible).collapsed
+
+
+def test_think_and_system_that_the_template_cannot_use_are_named(tok):
+    """A warning, not a silent no-op: --think needs a template that reads enable_thinking,
+    --system a chat template at all."""
+    from types import SimpleNamespace
+
+    from macspec.models.templates import unused_template_options
+
+    assert unused_template_options(tok, "be brief", True) == []  # Qwen3's template reads both
+    plain = SimpleNamespace(has_chat_template=True, chat_template="{{ messages }}")
+    assert unused_template_options(plain, "be brief", None) == []
+    (warning,) = unused_template_options(plain, None, False)
+    assert "no thinking switch: --no-think is not used" in warning
+    bare = SimpleNamespace(has_chat_template=False)
+    assert unused_template_options(bare, "be brief", True) == [
+        "the model has no chat template: --system is not used",
+        "the model has no chat template: --think is not used",
+    ]

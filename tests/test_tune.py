@@ -234,6 +234,9 @@ def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch
     )
     if stop == "ctrl-c":
         assert code == 130, stderr
+        assert stderr.strip().splitlines()[-1] == (
+            f"macspec: interrupted: nothing written to {work / 'new' / 'draft'}"
+        )
     else:
         assert code == 128 + getattr(signal, stop), stderr
         assert stderr.strip().splitlines()[-1] == (
@@ -320,6 +323,11 @@ BAD_INPUTS = {
         ],
         "already exists",
     ),
+    "out exists, whatever the prompts": (
+        ["--prompts", "{one}", "--model", "{target}", "--draft-model", "{weak}"]
+        + ["--out", "{existing}"],
+        "already exists",
+    ),
     "too little disk": (
         ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"],
         "not enough disk space",
@@ -339,6 +347,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     (tmp_path / "empty.jsonl").write_text("\n  \n", encoding="utf-8")
     lines = ['{"prompt": "fine"}', "plain text is fine too", '{"prompt": "cut short']
     (tmp_path / "malformed.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "one.jsonl").write_text('{"prompt": "too few to hold one out"}\n')
     (tmp_path / "existing").mkdir()
     (tmp_path / "existing" / "keep.txt").write_text("mine")
     if case == "too little disk":
@@ -346,6 +355,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     names = {k: str(v) for k, v in models.items()} | {
         "empty": str(tmp_path / "empty.jsonl"),
         "malformed": str(tmp_path / "malformed.jsonl"),
+        "one": str(tmp_path / "one.jsonl"),
         "existing": str(tmp_path / "existing"),
     }
     args = [a.format(**names) for a in args]

@@ -69,7 +69,10 @@ class BenchSettings:
         for source in (self.draft_source, *self.more_sources):
             check_draft_source(source)
             if source == "auto":
-                raise MacspecError("--draft auto is not a bench source; list the drafters")
+                raise MacspecError(
+                    "--draft auto is not a bench source: the bench measures each drafter "
+                    "apart; list them (--draft model,lookup) or pass --draft all"
+                )
         if self.curve_max_m < max(self.ks) + 1:
             raise MacspecError("the cost curve must reach k + 1 ids for every k")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from macspec.chat.faults import describe
+from macspec.errors import MacspecError
 
 PROBE_LIMIT = 1_000_000
 """Most ids probed one by one in a table whose highest id cannot be read."""
@@ -45,6 +46,14 @@ def export_readable(path: Path) -> Export:
         raise describe(exc, path, 0) from None
     db.row_factory = sqlite3.Row
     export = Export()
+    try:
+        db.execute("SELECT name FROM sqlite_master").fetchall()
+    except sqlite3.DatabaseError as exc:  # no table can be found: nothing to read row by row
+        db.close()
+        raise MacspecError(
+            f"{path}: nothing in it can be read ({exc}); move it aside "
+            f"(mv {path} {path}.damaged) and macspec starts a new one"
+        ) from None
     try:
         conversations = {
             row["id"]: row for row in _rows(db, "conversations", export) if _has_id(row)
@@ -83,18 +92,21 @@ def _rows(db: sqlite3.Connection, table: str, export: Export) -> Iterator[sqlite
         return
     except sqlite3.DatabaseError as exc:
         export.notes.append(f"{table}: {exc}; reading row by row")
-    for row_id in range(1, _highest_id(db, table) + 1):
+    highest = _highest_id(db, table)
+    if highest is None:  # ids that fail may never have been used: not counted as rows lost
+        export.notes.append(f"{table}: its highest id is unreadable; lost rows not counted")
+    for row_id in range(1, (highest or PROBE_LIMIT) + 1):
         try:
             row = db.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
         except sqlite3.DatabaseError:
-            export.unreadable += 1
+            export.unreadable += highest is not None
             continue
         if row is not None:
             yield row
 
 
-def _highest_id(db: sqlite3.Connection, table: str) -> int:
-    """The highest id the table has used (AUTOINCREMENT keeps it apart), else a bound."""
+def _highest_id(db: sqlite3.Connection, table: str) -> int | None:
+    """The highest id the table has used (AUTOINCREMENT keeps it apart), None if unreadable."""
     for sql in (
         "SELECT seq FROM sqlite_sequence WHERE name = ?",
         f"SELECT max(id) FROM {table} WHERE ? IS NOT NULL",
@@ -105,7 +117,7 @@ def _highest_id(db: sqlite3.Connection, table: str) -> int:
             continue
         if row is not None and row[0] is not None:
             return int(row[0])
-    return PROBE_LIMIT
+    return None
 
 
 def _has_id(row: sqlite3.Row) -> bool:

@@ -7,6 +7,7 @@ line and exit 130, never a KeyboardInterrupt traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -23,6 +24,7 @@ except KeyboardInterrupt:  # the imports were cut short; `main` says so
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point: runs the app, printing user errors as one line on stderr, exit 2."""
+    open_closed_standard_streams()
     if not _STARTED:
         print("\nmacspec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -31,6 +33,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # between the commands' own handling and here
         print("\nmacspec: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def open_closed_standard_streams() -> None:
+    """Give stdin, stdout or stderr that the caller closed (`<&-`, `>&-`) /dev/null instead.
+    Otherwise the next file opened takes the free number: a model's weights opened as fd 0
+    fail to load in MLX, and a closed stdout is a traceback at the first write. Reading then
+    gives nothing and writing goes nowhere, as for a daemon."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if getattr(sys, name) is not None:  # open when Python started
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:  # still free: /dev/null takes the number
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))  # noqa: SIM115
+        else:  # a file opened since holds the number: leave it be
+            setattr(sys, name, open(os.devnull, mode, encoding="utf-8"))  # noqa: SIM115
 
 
 __all__ = ["app", "main"]

@@ -24,6 +24,8 @@ app = typer.Typer(
 )
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+"""Ctrl-C. A command that says so itself (a stats line) ends with QuietExit(130) instead."""
 
 
 def _version(value: bool) -> None:
@@ -124,11 +126,13 @@ def run_main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except typer.Abort:
         print("macspec: aborted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except ClickException as exc:  # bad flags or values, from the argument parser
         print(f"macspec: error: {exc.format_message()}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("\nmacspec: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    if result == EXIT_INTERRUPTED:  # typer turns a Ctrl-C it catches into this, silently
+        print("\nmacspec: interrupted", file=sys.stderr)
     return result if isinstance(result, int) else 0

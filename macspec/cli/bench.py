@@ -4,6 +4,7 @@ bench_tables.py."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -18,6 +19,19 @@ from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.cli.bench_tables import render, summary_lines
 from macspec.models.catalog import context_length, resolve_models
+
+BENCH_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash")
+"""What `--draft` may list: the drafters measured apart ('auto' picks among them per cycle)."""
+
+
+def check_writable(path: Path) -> None:
+    """A file the command will write at its end: its folder must exist and take files, checked
+    before the work starts rather than after it."""
+    folder = path.parent
+    if not folder.is_dir():
+        fail(f"--plot {path}: no folder {folder}")
+    if not os.access(folder, os.W_OK):
+        fail(f"--plot {path}: cannot write in {folder}")
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -143,6 +157,11 @@ def bench(
     else:
         named = [s.strip() for s in (draft or "").split(",") if s.strip()]
         for source in named:
+            if source not in (*BENCH_SOURCES, "auto"):  # auto: BenchSettings says why not
+                fail(
+                    f"--draft must list drafters out of {', '.join(BENCH_SOURCES)}, or be "
+                    f"'all', got {source!r}"
+                )
             check_distributed_source(source, sharded or None)
         sources = [choose_source(s, folders) for s in named]
         sources = list(dict.fromkeys(sources or [choose_source(None, folders)]))
@@ -175,6 +194,7 @@ def bench(
     if plot_file is not None and plot_file.suffix.lower() != ".png":
         fail(f"--plot writes a PNG file; give a name ending in .png, got {plot_file}")
     if plot_file is not None:
+        check_writable(plot_file)
         require_matplotlib()
     # Under mlx.launch every rank runs the same benchmark on its shard; rank 0 alone writes.
     with ranks() as here:
@@ -208,16 +228,16 @@ def bench(
             "pair": resolved.pair.name if resolved.pair is not None else None,
         }
         rep = report(result, chosen, models)
-        if plot_file is not None and (here is None or here.rank == 0):
-            plot(rep, plot_file)
+        # The figures first: a plot that cannot be written after all must not lose them.
         if as_json:
             typer.echo(json.dumps(to_json(rep), indent=2))
-            return
-        console = Console(width=min(Console().width, 80))  # tables fit 80 columns
-        if quick and not verbose:
+        elif quick and not verbose:
+            console = Console(width=min(Console().width, 80))  # tables fit 80 columns
             for line in summary_lines(rep):
                 console.print(line, highlight=False, soft_wrap=True)
         else:
-            render(rep, console)
-        if plot_file is not None:
-            typer.echo(f"plot: {plot_file}")
+            render(rep, Console(width=min(Console().width, 80)))
+        if plot_file is not None and (here is None or here.rank == 0):
+            plot(rep, plot_file)
+            if not as_json:
+                typer.echo(f"plot: {plot_file}")

@@ -208,7 +208,8 @@ def render(rep: Report, console: Console) -> None:
     console.print(
         f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
         f" (macspec drafts by {', '.join((s.draft_source, *s.more_sources))}); "
-        f"{len(rep.prompts)} prompts x {s.repeats} repeat(s), max {s.max_tokens} tokens, "
+        f"{plural(len(rep.prompts), 'prompt')} x {plural(s.repeats, 'repeat')}, "
+        f"max {s.max_tokens} tokens, "
         f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s"
         + (f"; the target sharded over {s.ranks} ranks" if s.ranks > 1 else ""),
         highlight=False,
@@ -295,3 +296,7 @@ def sharded_lines(rep: Report) -> list[str]:
             + ", ".join(f"{r.config.name} {r.tokens_per_pass:.2f}" for r in rows)
         )
     return lines
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -16,6 +16,7 @@ from rich.text import Text
 from macspec.chat.store import Conversation, ConversationSummary, Store, default_database_path
 from macspec.cli import options as opt
 from macspec.cli.app import EXIT_USER_ERROR, app, fail
+from macspec.errors import QuietExit
 from macspec.models.catalog import resolve_models
 
 
@@ -91,6 +92,7 @@ def chat(
 
     loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches)
 
+    from macspec.models.templates import unused_template_options
     from tui.factory import default_pair_loader, make_app  # textual only when the UI runs
 
     chat_app = make_app(
@@ -102,7 +104,11 @@ def chat(
         context_length=loaded.context_length,
         conversation_id=conversation_id,
         load_pair=default_pair_loader(num_draft_tokens, no_draft, draft, caches),
-        warnings=[*loaded.warnings, *notes],
+        warnings=[
+            *loaded.warnings,
+            *notes,
+            *unused_template_options(loaded.tokenizer, system, think),
+        ],
         system_prompt=system,
         template_args=args,
         exit_on_signals=True,
@@ -115,8 +121,8 @@ def chat(
             f"macspec: conversation {chat_app.session.conversation_id} saved "
             f"(macspec chat --resume {chat_app.session.conversation_id})"
         )
-    if chat_app.exit_signal is not None:
-        return 128 + chat_app.exit_signal
+    if chat_app.exit_signal is not None:  # said, as the chat ended
+        raise QuietExit(128 + chat_app.exit_signal)
     return 0 if saved else EXIT_USER_ERROR
 
 

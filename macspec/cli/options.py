@@ -53,8 +53,10 @@ DraftSource = Annotated[
     typer.Option(
         "--draft",
         help="Where guesses come from: 'model' (the draft model), 'lookup' (n-grams of the "
-        "context, no draft model needed) or 'hybrid' [default: the draft model when there "
-        "is one, else lookup].",
+        "context, no draft model needed), 'hybrid' (lookup or the draft model), 'mtp' (the "
+        "target's MTP head), 'dflash' (a DFlash block drafter) or 'auto' (each cycle, the "
+        "drafter that promises the most tokens per second) [default: the draft folder's "
+        "kind, else lookup].",
     ),
 ]
 Stop = Annotated[
@@ -139,7 +141,7 @@ def generation_config(
     prefill_step_size: int,
 ) -> GenerationConfig:
     """run's and chat's GenerationConfig from their flags, every value checked before any model
-    loads (a bad --sampler too, when sampling). Loads no mlx-lm."""
+    loads (a bad --sampler name too, even when greedy). Loads no mlx-lm."""
     from macspec.engine.config import GenerationConfig
     from macspec.engine.sampling import SamplingParams, choose_sampler
 
@@ -153,6 +155,8 @@ def generation_config(
     )
     if temp > 0:
         choose_sampler(sampler, seed)
+    elif sampler is not None:  # greedy uses no sampler, but a misspelt one is still an error
+        choose_sampler(sampler, seed=0)
     return config
 
 

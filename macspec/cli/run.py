@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import sys
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.errors import QuietExit
 from macspec.models.catalog import context_length, resolve_models
 
 EXIT_INTERRUPTED = 130
@@ -28,7 +31,7 @@ def read_prompt(prompt: str) -> str:
     if "\x00" in text:
         fail("the prompt holds binary data (NUL bytes); give text")
     if not text.strip():
-        fail("the prompt is empty")
+        fail("the prompt is empty" + (" (stdin gave no text)" if prompt == "-" else ""))
     return text
 
 
@@ -92,6 +95,8 @@ def run(
     from macspec.models.templates import template_args
 
     text = read_prompt(prompt)
+    if raw and system is not None:
+        fail("--raw sends the prompt without the chat template, where --system would go; pass one")
     args = template_args(think, chat_template_args)
     check_draft_flags(num_draft_tokens, no_draft, draft)  # before any model loads
     config = opt.generation_config(
@@ -106,13 +111,14 @@ def run(
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
         return answer(
             text, config, resolved, (num_draft_tokens, no_draft, draft, caches), where,
-            raw, system, args, as_json,
+            raw, system, think, args, as_json,
         )  # fmt: skip
 
 
 def answer(
     text: str, config: GenerationConfig, resolved: ResolvedModels, engine_args: tuple,
-    where: dict[str, Any], raw: bool, system: str | None, args: dict, as_json: bool,
+    where: dict[str, Any], raw: bool, system: str | None, think: bool | None, args: dict,
+    as_json: bool,
 ) -> int:  # fmt: skip
     """Load, encode, generate and write one answer (stdout), stats on stderr; the exit code."""
     import mlx.core as mx
@@ -121,10 +127,11 @@ def answer(
     from macspec.engine.stats import summary_line
     from macspec.models.build import build_engine
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
-    from macspec.models.templates import encode_prompt
+    from macspec.models.templates import encode_prompt, unused_template_options
 
     engine, loaded = build_engine(resolved, *engine_args, **where)
-    for warning in loaded.warnings:
+    unused = [] if raw else unused_template_options(loaded.tokenizer, system, think)
+    for warning in [*loaded.warnings, *unused]:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)
     context = context_length(resolved)
@@ -146,25 +153,29 @@ def answer(
                     out.write(event.text if split is None else split)
             elif isinstance(event, Done):
                 done = event
-    except KeyboardInterrupt:  # Ctrl-C: end the line, then the stats so far
+    except (KeyboardInterrupt, StdoutFailed) as exc:
         events.close()
         mx.synchronize()  # a step may be in flight on MLX's threads: not torn down at exit
-        return interrupted(tally, out, as_json)
+        if isinstance(exc, StdoutFailed):
+            stdout_failed(exc)
+        interrupted(tally, out, as_json)  # Ctrl-C: end the line, then the stats so far
     assert done is not None
     # Text held back until the end (a possible stop string, a possible tag), split too.
     ending = [done.tail] if splitter is None else [splitter.feed(done.tail), splitter.flush()]
-    if as_json:
-        record = run_record(done, prompt_ids, resolved, engine)
-        if splitter is not None:  # the answer and the reasoning apart (--max-tokens counts both)
-            record.update(text=splitter.answer, reasoning=splitter.reasoning.rstrip("\n"))
-        print(json.dumps(record))
-        return 0
-    for part in ending:
-        out.write(part)
-    out.close()
-    if not out.ends_with_newline:
-        sys.stdout.write("\n")
-    sys.stdout.flush()
+    try:
+        if as_json:
+            record = run_record(done, prompt_ids, resolved, engine)
+            if splitter is not None:  # the answer and the reasoning apart (--max-tokens: both)
+                record.update(text=splitter.answer, reasoning=splitter.reasoning.rstrip("\n"))
+            out.emit_line(json.dumps(record))
+            return 0
+        for part in ending:
+            out.write(part)
+        out.close()
+        if not out.ends_with_newline:
+            out.emit_line("")
+    except StdoutFailed as exc:
+        stdout_failed(exc)
     print(summary_line(done.stats, done.finish_reason), file=sys.stderr)
     if not done.tokens and done.finish_reason == "stop":
         hint = " (--raw sends the prompt without the chat template)" if raw else ""
@@ -197,20 +208,22 @@ class Tally:
             self.text.append(event.text)
 
 
-def interrupted(tally: Tally, out: ReasoningWriter, as_json: bool) -> int:
+def interrupted(tally: Tally, out: ReasoningWriter, as_json: bool) -> NoReturn:
     """Ctrl-C mid-answer: a newline after the text so far, a stats line saying 'interrupted'
     on stderr (or the JSON record so far), exit 130."""
     from macspec.engine.stats import summary_line
 
-    if as_json:
-        record = {"text": "".join(tally.text), "finish_reason": "interrupted"}
-        print(json.dumps({**record, "stats": tally.stats.to_dict()}))
-    else:
-        out.close()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+    try:
+        if as_json:
+            record = {"text": "".join(tally.text), "finish_reason": "interrupted"}
+            out.emit_line(json.dumps({**record, "stats": tally.stats.to_dict()}))
+        else:
+            out.close()
+            out.emit_line("")
+    except StdoutFailed as exc:
+        stdout_failed(exc)
     print(summary_line(tally.stats, "interrupted"), file=sys.stderr)
-    return EXIT_INTERRUPTED
+    raise QuietExit(EXIT_INTERRUPTED)  # said: not 'macspec: interrupted' again
 
 
 def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str, Any]:
@@ -264,8 +277,37 @@ class ReasoningWriter:
             newline = "" if self.ends_with_newline else "\n"
             self._emit(self.RESET + newline + "\n" if self.dim else newline + "</think>\n\n")
 
+    def emit_line(self, text: str) -> None:
+        """Text and a newline, outside any reasoning block."""
+        self._emit(text + "\n")
+
     def _emit(self, text: str) -> None:
         if text:
-            self.stream.write(text)
-            self.stream.flush()
+            try:
+                self.stream.write(text)
+                self.stream.flush()
+            except OSError as exc:
+                raise StdoutFailed(exc) from exc
             self.ends_with_newline = text.endswith("\n")
+
+
+class StdoutFailed(Exception):
+    """Writing the answer failed: the reader went away (`| head -1`), or the disk is full."""
+
+    def __init__(self, error: OSError):
+        super().__init__(error)
+        self.error = error
+
+
+def stdout_failed(failure: StdoutFailed) -> NoReturn:
+    """The reader went away: stop, quietly, exit 0 (it had what it wanted, as with ripgrep).
+    Any other failure to write (a full disk) is one line."""
+    try:  # Python flushes stdout again at exit, which would fail again and say so
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass  # not a file (tests)
+    if isinstance(failure.error, BrokenPipeError):
+        raise QuietExit(0)
+    fail(f"cannot write the answer to stdout ({failure.error.strerror or failure.error})")

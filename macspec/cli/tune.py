@@ -21,7 +21,10 @@ def tune(
     out: Annotated[
         Path,
         typer.Option(
-            "--out", "-o", help="Folder for the tuned draft (must not exist, unless --force)."
+            "--out",
+            "-o",
+            metavar="DIR",
+            help="Folder for the tuned draft (must not exist, unless --force).",
         ),
     ],
     model: opt.Model = None,
@@ -176,6 +179,9 @@ def tune(
         name = signal.Signals(exc.signum).name
         print(f"macspec: stopped by {name}: nothing written to {out}", file=sys.stderr)
         raise QuietExit(128 + exc.signum) from None
+    except KeyboardInterrupt:
+        print(f"\nmacspec: interrupted: nothing written to {out}", file=sys.stderr)
+        raise QuietExit(128 + signal.SIGINT) from None
     print()
     for line in iter_lines(result):
         print(line)

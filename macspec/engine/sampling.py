@@ -6,6 +6,7 @@ models go through exactly the same processing here; greedy decoding never builds
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -27,8 +28,8 @@ class SamplingParams:
     """Drop tokens less likely than min_p times the most likely one (0 = off)."""
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise MacspecError(f"--temp must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:
+            raise MacspecError(f"--temp must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise MacspecError(f"--top-p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

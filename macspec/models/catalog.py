@@ -197,6 +197,8 @@ def load_catalog() -> Catalog:
     """The shipped catalog merged with the user's `models.toml` (user pairs win by name)."""
     pairs = parse_catalog(read_toml(SHIPPED_CATALOG), SHIPPED_CATALOG)
     user_file = user_catalog_path()
+    if user_file.exists() and not user_file.is_file():
+        raise MacspecError(f"{user_file}: a folder, not the TOML file of your pairs; move it aside")
     if user_file.is_file():
         pairs.update(parse_catalog(read_toml(user_file), user_file))
     return Catalog(pairs=pairs)

@@ -13,6 +13,20 @@ def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "has_chat_template", False))
 
 
+def unused_template_options(tokenizer, system: str | None, think: bool | None) -> list[str]:
+    """Warnings for --system and --think that this tokenizer's chat template cannot use:
+    without a template the prompt goes as plain text, and only a template that reads
+    `enable_thinking` (Qwen3, Qwen3.5) can switch thinking."""
+    if not has_chat_template(tokenizer):
+        given = [flag for flag, value in (("--system", system), ("--think", think)) if value]
+        return [f"the model has no chat template: {flag} is not used" for flag in given]
+    template = getattr(tokenizer, "chat_template", None)
+    if think is not None and isinstance(template, str) and "enable_thinking" not in template:
+        flag = "--think" if think else "--no-think"
+        return [f"the model's chat template has no thinking switch: {flag} is not used"]
+    return []
+
+
 def template_args(think: bool | None = None, extra_json: str | None = None) -> dict[str, Any]:
     """Keyword arguments for the chat template: `--chat-template-args` JSON, then `--think`.
 

@@ -79,10 +79,23 @@ def check(config: TuneConfig) -> _Plan:
             raise MacspecError(f"{name} must be >= {least}, got {value}")
     if not 0 <= config.kl_weight <= 1:
         raise MacspecError(f"--kl must be between 0 and 1, got {config.kl_weight}")
-    if config.temperature < 0:
-        raise MacspecError(f"--temp must be >= 0, got {config.temperature}")
-    if config.learning_rate is not None and not config.learning_rate > 0:
-        raise MacspecError(f"--learning-rate must be > 0, got {config.learning_rate}")
+    if not 0 <= config.temperature < math.inf:
+        raise MacspecError(f"--temp must be a finite number >= 0, got {config.temperature}")
+    if config.learning_rate is not None and not 0 < config.learning_rate < math.inf:
+        raise MacspecError(
+            f"--learning-rate must be a finite number > 0, got {config.learning_rate}"
+        )
+
+    # The models and --out first: those errors hold whatever the prompts are.
+    resolved = resolve_models(config.pair, config.model, config.draft_model)
+    if resolved.draft is None:
+        raise MacspecError("macspec tune needs a draft model (--draft-model, or a pair with one)")
+    if drafter_kind(resolved.draft) != "model":
+        raise MacspecError(f"{resolved.draft_name}: only draft models can be tuned (not heads)")
+    save.check_out(config.out, config.force, (resolved.target, resolved.draft))
+    save.check_disk(config.out, save.needed_bytes(resolved.draft))
+    if config.register is not None:
+        save.check_register_name(config.register)
 
     if config.prompts is not None:
         prompts = read_prompts(config.prompts)
@@ -108,15 +121,6 @@ def check(config: TuneConfig) -> _Plan:
             prompts, config.held_out_fraction, config.held_out_most, config.seed
         )
 
-    resolved = resolve_models(config.pair, config.model, config.draft_model)
-    if resolved.draft is None:
-        raise MacspecError("macspec tune needs a draft model (--draft-model, or a pair with one)")
-    if drafter_kind(resolved.draft) != "model":
-        raise MacspecError(f"{resolved.draft_name}: only draft models can be tuned (not heads)")
-    save.check_out(config.out, config.force, (resolved.target, resolved.draft))
-    save.check_disk(config.out, save.needed_bytes(resolved.draft))
-    if config.register is not None:
-        save.check_register_name(config.register)
     policy = resolved.pair.draft_policy if resolved.pair is not None else "auto"
     k = config.k or (policy if isinstance(policy, int) else DEFAULT_K)
     return _Plan(resolved, train, held_out, k, notes)
