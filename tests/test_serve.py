@@ -155,6 +155,13 @@ BAD = [
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "max_tokens": 0}, 400, None),
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "logprobs": True}, 400, None),
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "stop": 5}, 400, "stop"),
+    ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "stream": "yes"}, 400, "stream"),
+    (
+        "/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": None}]},
+        400,
+        "messages.0",
+    ),
     (
         "/chat/completions",
         {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -185,6 +192,18 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, path, bod
     if param is not None:
         assert error["param"] == param
     still_answers(server)
+
+
+@pytest.mark.parametrize(
+    ("ours", "openais"),
+    [("length", "length"), ("context", "length"), ("stop", "stop"), ("stop_string", "stop")],
+)
+def test_the_context_window_is_openais_length(ours, openais):
+    from types import SimpleNamespace
+
+    from macspec.serve.render import finish_reason
+
+    assert finish_reason(SimpleNamespace(finish_reason=ours)) == openais
 
 
 def test_the_client_sees_the_status(server):

@@ -47,8 +47,9 @@ def sse(payload: dict[str, Any] | str) -> str:
 
 
 def finish_reason(done: Done) -> str:
-    """OpenAI's finish reason: 'length' at max_tokens, 'stop' at EOS or a stop string."""
-    return "length" if done.finish_reason == "length" else "stop"
+    """OpenAI's finish reason: 'length' at max_tokens or the context window (as OpenAI's API
+    says both), 'stop' at EOS or a stop string. The `macspec` object tells the two apart."""
+    return "length" if done.finish_reason in ("length", "context") else "stop"
 
 
 def usage(meta: Meta, done: Done) -> dict[str, Any]:

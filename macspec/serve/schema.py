@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from macspec.serve.errors import APIError
 
@@ -24,7 +24,7 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False  # "yes" or 1 is a 400, as at OpenAI, not read as true
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -63,7 +63,7 @@ class Request(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
     """Send a last chunk with `usage` (and `usage: null` in every chunk before it)."""
 
 
@@ -82,6 +82,13 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_given(self) -> ChatMessage:
+        # Only an assistant turn (one that called tools) may come without content.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def as_template_message(self) -> dict[str, str]:
         """{'role', 'content'} for the chat template ('developer' is OpenAI's new 'system')."""
