@@ -84,6 +84,8 @@ ONE_LINE = {
     "sampler typo, greedy": (["run", "hi", "--model", "/x", "--sampler", "bogus"], None, "bogus"),
     "temp inf": (["run", "hi", "--model", "/x", "--temp", "inf"], None, "a finite number"),
     "raw and system": (["run", "hi", "--model", "/x", "--raw", "--system", "s"], None, "--raw"),
+    "raw and no-think": (["run", "hi", "--model", "/x", "--raw", "--no-think"], None, "--no-think"),
+    "bench temp inf": (["bench", "--model", "{model}", "--temp", "inf"], None, "a finite number"),
     "bench draft typo": (["bench", "--model", "{model}", "--draft", "nope"], None, "'nope'"),
     "bench draft auto": (["bench", "--model", "{model}", "--draft", "auto"], None, "--draft all"),
     "bench plot folder": (
@@ -265,6 +267,23 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(capsys, monkeypatch, model
     code = main([*map(str, argv), *(["--json"] if as_json else [])])
     assert code == 0
     assert capsys.readouterr().err == ""
+
+
+class StdoutOfAStoppedPipe(io.StringIO):
+    """Ctrl-C in a terminal stops `macspec run … | head` both: the next write finds no reader."""
+
+    def write(self, text: str) -> int:
+        if self.tell():
+            raise BrokenPipeError(32, "Broken pipe")
+        super().write(text)
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_that_also_stops_the_reader_is_still_130_with_stats(capsys, monkeypatch, models):
+    monkeypatch.setattr("sys.stdout", StdoutOfAStoppedPipe())
+    code = main(["run", "hi", "--model", str(models["model"]), "--max-tokens", "40"])
+    assert code == 130
+    assert capsys.readouterr().err.strip().endswith(" · interrupted")
 
 
 def test_a_full_disk_under_stdout_is_one_line(capsys, monkeypatch, models):

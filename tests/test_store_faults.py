@@ -8,6 +8,7 @@ import hashlib
 import json
 import multiprocessing
 import random
+import shlex
 import sqlite3
 from pathlib import Path
 
@@ -212,6 +213,26 @@ def test_export_of_a_file_with_no_readable_table_is_one_line(capsys, header):
     path.write_bytes(header + random.Random(0).randbytes(8000))
     line = one_line_error(capsys, ["history", "--export", "-"])
     assert f"{path}: nothing in it can be read" in line and "mv " in line
+
+
+def test_export_of_a_locked_database_says_locked_not_damaged(capsys):
+    stored_conversations(1, 1)
+    other = sqlite3.connect(str(default_database_path()), isolation_level=None)
+    other.execute("PRAGMA locking_mode=EXCLUSIVE")  # not even readers, until it closes
+    other.execute("BEGIN EXCLUSIVE")
+    other.execute("DELETE FROM messages WHERE id < 0")
+    try:
+        line = one_line_error(capsys, ["history", "--export", "-"])
+    finally:
+        other.close()
+    assert "locked by another process" in line and "nothing in it" not in line
+
+
+def test_the_move_aside_command_survives_a_space_in_the_home():
+    from macspec.chat.faults import move_aside
+
+    path = Path("/Users/me/Library/Application Support/macspec/chats.db")
+    assert shlex.split(move_aside(path)) == ["mv", str(path), f"{path}.damaged"]
 
 
 def test_export_of_a_healthy_database_is_history_show_json(capsys):

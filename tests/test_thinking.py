@@ -259,3 +259,6 @@ def test_think_and_system_that_the_template_cannot_use_are_named(tok):
         "the model has no chat template: --system is not used",
         "the model has no chat template: --think is not used",
     ]
+    assert unused_template_options(bare, None, False) == [
+        "the model has no chat template: --no-think is not used"
+    ]

@@ -4,6 +4,7 @@ loads a model."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,9 +60,10 @@ class BenchSettings:
             raise MacspecError(f"--max-tokens must be >= 2 for a benchmark, got {self.max_tokens}")
         if self.repeats < 1:
             raise MacspecError(f"--repeats must be >= 1, got {self.repeats}")
-        if not self.temperature > 0:
+        if not 0 < self.temperature < math.inf:
             raise MacspecError(
-                f"--temp is the sampling temperature and must be > 0 (T=0 always runs), "
+                f"--temp is the sampling temperature and must be a finite number > 0 (T=0 "
+                "always runs), "
                 f"got {self.temperature}"
             )
         if not self.ks or any(k < 1 for k in self.ks):

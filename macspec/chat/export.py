@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from macspec.chat.faults import describe
+from macspec.chat.faults import describe, is_damage, move_aside
 from macspec.errors import MacspecError
 
 PROBE_LIMIT = 1_000_000
@@ -32,6 +32,8 @@ class Export:
     """Rows (conversations or messages) that exist but could not be read."""
     notes: list[str] = field(default_factory=list)
     """What stopped a whole-table read (one line each)."""
+    uncounted: bool = False
+    """Rows may be lost that `unreadable` does not count (a table's highest id unreadable)."""
 
     @property
     def message_count(self) -> int:
@@ -48,11 +50,14 @@ def export_readable(path: Path) -> Export:
     export = Export()
     try:
         db.execute("SELECT name FROM sqlite_master").fetchall()
-    except sqlite3.DatabaseError as exc:  # no table can be found: nothing to read row by row
+    except sqlite3.Error as exc:
         db.close()
+        if not is_damage(exc):  # locked, unreadable: the file may be fine
+            raise describe(exc, path, 0) from None
+        # No table can be found: there is nothing to read row by row.
         raise MacspecError(
             f"{path}: nothing in it can be read ({exc}); move it aside "
-            f"(mv {path} {path}.damaged) and macspec starts a new one"
+            f"({move_aside(path)}) and macspec starts a new one"
         ) from None
     try:
         conversations = {
@@ -95,7 +100,8 @@ def _rows(db: sqlite3.Connection, table: str, export: Export) -> Iterator[sqlite
     highest = _highest_id(db, table)
     if highest is None:  # ids that fail may never have been used: not counted as rows lost
         export.notes.append(f"{table}: its highest id is unreadable; lost rows not counted")
-    for row_id in range(1, (highest or PROBE_LIMIT) + 1):
+        export.uncounted = True
+    for row_id in range(1, (PROBE_LIMIT if highest is None else highest) + 1):
         try:
             row = db.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)).fetchone()
         except sqlite3.DatabaseError:

@@ -7,6 +7,7 @@ the file and the problem), so the CLI prints one line and the chat can say what 
 
 from __future__ import annotations
 
+import shlex
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -24,6 +25,12 @@ class StorageError(MacspecError):
         """SQLite refused to write a file it opened read-only."""
 
 
+def move_aside(path: Path) -> str:
+    """The shell command that moves a damaged file aside, quoted for pasting (the macOS home,
+    ~/Library/Application Support, has a space)."""
+    return f"mv {shlex.quote(str(path))} {shlex.quote(str(path) + '.damaged')}"
+
+
 class DamagedDatabase(StorageError):
     """The database file is damaged (or its tables are not what this macspec wrote)."""
 
@@ -31,7 +38,7 @@ class DamagedDatabase(StorageError):
         super().__init__(
             path,
             f"the chat database is damaged ({detail}); `macspec history --export FILE` saves "
-            f"what can still be read, then move it aside (mv {path} {path}.damaged) and "
+            f"what can still be read, then move it aside ({move_aside(path)}) and "
             "macspec starts a new one",
         )
 

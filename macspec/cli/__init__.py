@@ -50,9 +50,13 @@ def open_closed_standard_streams() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
-            setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))  # noqa: SIM115
+            target: int | str = fd
         else:  # a file opened since holds the number: leave it be
-            setattr(sys, name, open(os.devnull, mode, encoding="utf-8"))  # noqa: SIM115
+            target = os.devnull
+        errors = "backslashreplace" if name == "stderr" else "strict"  # as Python's own stderr
+        stream = open(target, mode, encoding="utf-8", errors=errors, closefd=target != fd)  # noqa: SIM115
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 __all__ = ["app", "main"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 import typer
 
@@ -97,7 +98,7 @@ def readable_metavars(command) -> None:
         readable_metavars(sub)
 
 
-def fail(message: str) -> None:
+def fail(message: str) -> NoReturn:
     """Raise the one-line user error the entry point prints; for use inside commands."""
     raise MacspecError(message)
 

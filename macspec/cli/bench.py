@@ -19,19 +19,20 @@ from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.cli.bench_tables import render, summary_lines
 from macspec.models.catalog import context_length, resolve_models
+from macspec.models.flags import DRAFT_SOURCES
 
-BENCH_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash")
+BENCH_SOURCES = tuple(s for s in DRAFT_SOURCES if s != "auto")
 """What `--draft` may list: the drafters measured apart ('auto' picks among them per cycle)."""
 
 
-def check_writable(path: Path) -> None:
+def check_writable(path: Path, flag: str) -> None:
     """A file the command will write at its end: its folder must exist and take files, checked
     before the work starts rather than after it."""
     folder = path.parent
     if not folder.is_dir():
-        fail(f"--plot {path}: no folder {folder}")
+        fail(f"{flag} {path}: no folder {folder}")
     if not os.access(folder, os.W_OK):
-        fail(f"--plot {path}: cannot write in {folder}")
+        fail(f"{flag} {path}: cannot write in {folder}")
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -194,13 +195,14 @@ def bench(
     if plot_file is not None and plot_file.suffix.lower() != ".png":
         fail(f"--plot writes a PNG file; give a name ending in .png, got {plot_file}")
     if plot_file is not None:
-        check_writable(plot_file)
         require_matplotlib()
     # Under mlx.launch every rank runs the same benchmark on its shard; rank 0 alone writes.
     with ranks() as here:
         group, watchdog = (None, None) if here is None else (here.group, here.watchdog)
         if group is not None:
             settings = replace(settings, ranks=group.size())
+        if plot_file is not None and (here is None or here.rank == 0):  # rank 0 draws it
+            check_writable(plot_file, "--plot")
         err = Console(stderr=True)
         loaded = load_drafters(resolved, folders, set(sources), group)
         for warning in loaded.warnings:

@@ -283,6 +283,8 @@ def export_history(target: Path) -> None:
             fail(f"{target}: cannot write the export: {exc.strerror or exc}")
     where = "stdout" if str(target) == "-" else str(target)
     lost = f"; {result.unreadable} rows could not be read" if result.unreadable else ""
+    if result.uncounted:
+        lost += "; more rows may be lost (where the damage is, ids cannot be counted)"
     print(
         f"macspec: exported {len(result.conversations)} conversations "
         f"({result.message_count} messages) from {database} to {where}{lost}",

@@ -95,8 +95,20 @@ def run(
     from macspec.models.templates import template_args
 
     text = read_prompt(prompt)
-    if raw and system is not None:
-        fail("--raw sends the prompt without the chat template, where --system would go; pass one")
+    template_flags = [
+        flag
+        for flag, value in (
+            ("--system", system),
+            ("--think" if think else "--no-think", think),
+            ("--chat-template-args", chat_template_args),
+        )
+        if value is not None
+    ]
+    if raw and template_flags:
+        fail(
+            f"--raw sends the prompt without the chat template, which {template_flags[0]} "
+            "needs; pass one or the other"
+        )
     args = template_args(think, chat_template_args)
     check_draft_flags(num_draft_tokens, no_draft, draft)  # before any model loads
     config = opt.generation_config(
@@ -220,8 +232,8 @@ def interrupted(tally: Tally, out: ReasoningWriter, as_json: bool) -> NoReturn:
         else:
             out.close()
             out.emit_line("")
-    except StdoutFailed as exc:
-        stdout_failed(exc)
+    except StdoutFailed:  # Ctrl-C in a terminal stops the reader of a pipe too: still 130
+        silence_stdout()
     print(summary_line(tally.stats, "interrupted"), file=sys.stderr)
     raise QuietExit(EXIT_INTERRUPTED)  # said: not 'macspec: interrupted' again
 
@@ -291,6 +303,16 @@ class ReasoningWriter:
             self.ends_with_newline = text.endswith("\n")
 
 
+def silence_stdout() -> None:
+    """Point stdout at /dev/null: Python flushes it again at exit, which would fail again."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        pass  # not a file (tests)
+
+
 class StdoutFailed(Exception):
     """Writing the answer failed: the reader went away (`| head -1`), or the disk is full."""
 
@@ -302,12 +324,7 @@ class StdoutFailed(Exception):
 def stdout_failed(failure: StdoutFailed) -> NoReturn:
     """The reader went away: stop, quietly, exit 0 (it had what it wanted, as with ripgrep).
     Any other failure to write (a full disk) is one line."""
-    try:  # Python flushes stdout again at exit, which would fail again and say so
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.stdout.fileno())
-        os.close(null)
-    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
-        pass  # not a file (tests)
+    silence_stdout()
     if isinstance(failure.error, BrokenPipeError):
         raise QuietExit(0)
     fail(f"cannot write the answer to stdout ({failure.error.strerror or failure.error})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -172,16 +173,19 @@ def tune(
         cache=not no_cache,
         seed=seed,
     )
+    started = time.time()
     try:
         with _ended_by_signals():
             result = run_tune(config, CliReporter())
-    except _Terminated as exc:
-        name = signal.Signals(exc.signum).name
-        print(f"macspec: stopped by {name}: nothing written to {out}", file=sys.stderr)
-        raise QuietExit(128 + exc.signum) from None
-    except KeyboardInterrupt:
-        print(f"\nmacspec: interrupted: nothing written to {out}", file=sys.stderr)
-        raise QuietExit(128 + signal.SIGINT) from None
+    except (_Terminated, KeyboardInterrupt) as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        how = (
+            "interrupted"
+            if signum == signal.SIGINT
+            else f"stopped by {signal.Signals(signum).name}"
+        )
+        print(f"\nmacspec: {how}: {_left_at(out, started)}", file=sys.stderr)
+        raise QuietExit(128 + signum) from None
     print()
     for line in iter_lines(result):
         print(line)
@@ -222,6 +226,15 @@ def tune(
         print(f"use it: macspec chat --pair {register}")
     elif result.better and register is None:
         print(f"use it: macspec chat --model TARGET --draft-model {out}, or tune with --register")
+
+
+def _left_at(out: Path, started: float) -> str:
+    """What a stopped run left at --out: nothing, unless it stopped after the save (while
+    registering the pair)."""
+    saved = out / "tune.json"
+    if saved.is_file() and saved.stat().st_mtime >= started:
+        return f"the tuned draft is saved in {out}, but no pair was registered"
+    return f"nothing written to {out}"
 
 
 class _Terminated(BaseException):

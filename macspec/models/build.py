@@ -177,7 +177,13 @@ def converted_mtp_folder(checkpoint: Path) -> Path:
     (converted once, reused after)."""
     out = macspec_home() / "drafters" / f"{checkpoint.resolve().name}-mtp"
     if not (out / "config.json").is_file():
-        convert_mtp_checkpoint(checkpoint, out)
+        try:
+            convert_mtp_checkpoint(checkpoint, out)
+        except OSError as exc:  # the home is a file, read-only, or full
+            raise MacspecError(
+                f"cannot convert {checkpoint}'s MTP head into {out}: {exc.strerror or exc} "
+                "(set MACSPEC_HOME to a writable folder)"
+            ) from None
     return out
 
 

@@ -18,7 +18,8 @@ def unused_template_options(tokenizer, system: str | None, think: bool | None) -
     without a template the prompt goes as plain text, and only a template that reads
     `enable_thinking` (Qwen3, Qwen3.5) can switch thinking."""
     if not has_chat_template(tokenizer):
-        given = [flag for flag, value in (("--system", system), ("--think", think)) if value]
+        think_flag = "--think" if think else "--no-think"
+        given = [f for f, v in (("--system", system), (think_flag, think)) if v is not None]
         return [f"the model has no chat template: {flag} is not used" for flag in given]
     template = getattr(tokenizer, "chat_template", None)
     if think is not None and isinstance(template, str) and "enable_thinking" not in template:
