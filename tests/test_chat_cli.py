@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,6 +81,7 @@ def test_chat_passes_flags_to_the_engine_and_session(home, tiny_model_folder, mo
     cid = stored_chat()
     seen: list[ChatApp] = []
     monkeypatch.setattr(ChatApp, "run", lambda self, **kwargs: seen.append(self))
+    monkeypatch.setattr("macspec.cli.chat.require_terminal", lambda: None)  # runs headless
     folder = str(tiny_model_folder)
     argv = [
         "chat",
@@ -124,6 +127,7 @@ def test_chat_end_to_end_headless(home, tiny_model_folder, monkeypatch):
     monkeypatch.setattr(
         ChatApp, "run", lambda self, **kw: run(self, headless=True, auto_pilot=script)
     )
+    monkeypatch.setattr("macspec.cli.chat.require_terminal", lambda: None)  # runs headless
     folder = str(tiny_model_folder)
     argv = ["chat", "--model", folder, "--draft-model", folder, "--max-tokens", "12", "-k", "2"]
     assert main(argv) == 0
@@ -138,3 +142,22 @@ def test_chat_end_to_end_headless(home, tiny_model_folder, monkeypatch):
     assert messages[1].token_count and messages[1].models.target == folder
     # The draft is the target itself: every guess is accepted.
     assert messages[1].stats["acceptance_rate"] == 1.0
+
+
+@pytest.mark.parametrize("stdin", [b"hi\n", None], ids=["a pipe", "/dev/null"])
+def test_chat_without_a_terminal_is_one_line_not_a_hang(home, tiny_model_folder, stdin):
+    """`echo hi | macspec chat` in a script: refused before any model loads."""
+    argv = [sys.executable, "-m", "macspec", "chat", "--model", str(tiny_model_folder)]
+    done = subprocess.run(
+        argv,
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        capture_output=True,
+        timeout=60,
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 2, err
+    assert err.strip() == (
+        "macspec: error: macspec chat needs a terminal, and stdin is not one; for a prompt "
+        "from a pipe or a script, use `macspec run` (or `macspec serve`)"
+    )

@@ -152,6 +152,7 @@ def test_quitting_says_exactly_what_was_not_saved(tmp_path, tiny_model_folder, m
     monkeypatch.setattr(
         ChatApp, "run", lambda self, **kw: run(self, headless=True, auto_pilot=script)
     )
+    monkeypatch.setattr("macspec.cli.chat.require_terminal", lambda: None)  # runs headless
     folder = str(tiny_model_folder)
     with read_only(database):
         code = main(["chat", "--model", folder, "--max-tokens", "8", "--no-draft"])

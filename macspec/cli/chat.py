@@ -85,6 +85,7 @@ def chat(
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
+    require_terminal()
     what = resolved.pair.name if resolved.pair is not None else resolved.target_name
     # Said before mlx-lm loads (seconds): the user sees at once that something happens.
     print(f"macspec: loading {what}…", file=sys.stderr, flush=True)
@@ -124,6 +125,18 @@ def chat(
     if chat_app.exit_signal is not None:  # said, as the chat ended
         raise QuietExit(128 + chat_app.exit_signal)
     return 0 if saved else EXIT_USER_ERROR
+
+
+def require_terminal() -> None:
+    """The chat is a full-screen app: without a terminal on stdin and stdout it would wait for
+    keys that never come (and write its screen into a file)."""
+    for name in ("stdin", "stdout"):
+        stream = getattr(sys, name)
+        if not (stream is not None and stream.isatty()):
+            fail(
+                f"macspec chat needs a terminal, and {name} is not one; for a prompt from a "
+                "pipe or a script, use `macspec run` (or `macspec serve`)"
+            )
 
 
 def settle_mlx() -> None:
