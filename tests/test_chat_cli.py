@@ -33,6 +33,10 @@ def stored_chat(title: str = "hello there") -> int:
 def test_history_lists_and_shows(home, capsys):
     assert main(["history"]) == 0
     assert "no stored conversations" in capsys.readouterr().out
+    assert main(["history", "--json"]) == 0 and json.loads(capsys.readouterr().out) == []
+    assert main(["history", "show", "1"]) == 2
+    assert "no conversation with id 1" in capsys.readouterr().err
+    assert not home.exists()  # looking creates no home and no database
     first, second = stored_chat("first chat"), stored_chat("second chat")
 
     assert main(["history"]) == 0

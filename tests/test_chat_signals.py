@@ -1,5 +1,6 @@
-"""SIGTERM and SIGHUP sent to a real `macspec chat` in a pseudo-terminal, mid-answer: the
-partial answer is saved as 'interrupted', the terminal is restored, the exit code is 128+n.
+"""SIGTERM, SIGHUP and SIGINT (kill -INT) sent to a real `macspec chat` in a pseudo-terminal,
+mid-answer: the partial answer is saved as 'interrupted', the terminal is restored, the exit
+code is 128+n.
 A terminal closed under it (reads and writes fail, with or without a SIGHUP) is a hangup."""
 
 from __future__ import annotations
@@ -83,8 +84,14 @@ def answer_row(database: Path) -> tuple[str, int, str | None] | None:
 
 @pytest.mark.parametrize(
     "signum, hang_up",
-    [(signal.SIGTERM, False), (signal.SIGHUP, False), (signal.SIGHUP, True), (None, True)],
-    ids=["SIGTERM", "SIGHUP", "SIGHUP, terminal closed", "terminal closed, no signal"],
+    [
+        (signal.SIGTERM, False),
+        (signal.SIGHUP, False),
+        (signal.SIGINT, False),
+        (signal.SIGHUP, True),
+        (None, True),
+    ],
+    ids=["SIGTERM", "SIGHUP", "SIGINT", "SIGHUP, terminal closed", "terminal closed, no signal"],
 )
 def test_a_signal_mid_answer_saves_it_restores_the_terminal_and_exits_128_plus_n(
     tmp_path, tiny_model_folder, signum, hang_up

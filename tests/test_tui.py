@@ -231,6 +231,22 @@ async def test_quit_mid_answer_saves_it(tok, store):
 
 
 @pytest.mark.asyncio
+async def test_quit_with_unsent_text_asks_once_more(tok, store):
+    app, _, _ = build(tok, store)
+    notes: list[str] = []
+    app.notify = lambda message, **kwargs: notes.append(message)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press(*"half a thought")
+        await pilot.press("ctrl+q")
+        await pilot.pause()
+        assert app.is_running and app.prompt.text == "half a thought"
+        assert notes == ["Your message is not sent: ctrl+q again to quit without it."]
+        await pilot.press("ctrl+q")
+        await until(pilot, lambda: not app.is_running, timeout=15)
+    assert store.latest_conversation_id() is None  # nothing was sent, nothing stored
+
+
+@pytest.mark.asyncio
 async def test_new_chat_and_resume_the_old_one(tok, store):
     app, _, _ = build(tok, store)
     async with app.run_test(size=SIZE) as pilot:

@@ -9,8 +9,9 @@ pair runs in a thread worker too.
 
 Whatever happens in the worker, it ends the turn (Finished or Rejected), so the chat never
 stays "answering". A storage failure is one line in the transcript; the messages are kept
-in memory and saved on the next turn or ctrl+s. SIGTERM and SIGHUP (with `exit_on_signals`)
-end a running answer, saved as 'interrupted', then exit with 128 + the signal's number.
+in memory and saved on the next turn or ctrl+s. SIGTERM, SIGHUP and SIGINT (with
+`exit_on_signals`) end a running answer, saved as 'interrupted', then exit with 128 + the
+signal's number. (In the app's raw terminal ctrl+c is a key, so a SIGINT comes from `kill`.)
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ from tui.wording import welcome
 
 STOP_WAIT_S = 10
 """How long quitting waits for a running answer to stop and be saved."""
-EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+QUIT_CONFIRM_S = 5
+"""With unsent text in the prompt, a second ctrl+q within this many seconds quits."""
+EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 """Signals that end the chat cleanly: the answer saved, the terminal restored."""
 STATS_EVERY_S = 1 / 4
 """Most often the stats bar redraws while an answer streams (its figures change slowly; the
@@ -88,7 +91,7 @@ class ChatApp(App, inherit_bindings=False):
         if exit_on_signals:  # a closed terminal window ends the chat as SIGHUP does
             self.driver_class = hangup_safe(self.driver_class)
         self.exit_on_signals = exit_on_signals
-        """Handle SIGTERM/SIGHUP (the CLI; tests run the app inside pytest's own loop)."""
+        """Handle SIGTERM/SIGHUP/SIGINT (the CLI; tests run the app inside pytest's own loop)."""
         self.exit_signal: int | None = None
         """The signal that ended the app, if one did."""
         self._interrupt = threading.Event()
@@ -109,6 +112,7 @@ class ChatApp(App, inherit_bindings=False):
         self._stats_shown = 0.0
         self._cancel = threading.Event()
         self._worker: Worker | None = None
+        self._quit_asked_at = -QUIT_CONFIRM_S
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self):
@@ -252,12 +256,23 @@ class ChatApp(App, inherit_bindings=False):
                 pass
 
     async def action_quit(self) -> None:
+        # Text typed and not sent is not in the history: one ctrl+q must not throw it away.
+        if self.prompt.text.strip():
+            now = time.monotonic()
+            if now - self._quit_asked_at > QUIT_CONFIRM_S:
+                self._quit_asked_at = now
+                self.notify(
+                    "Your message is not sent: ctrl+q again to quit without it.",
+                    severity="warning",
+                    timeout=QUIT_CONFIRM_S,
+                )
+                return
         await self._stop_answer()
         self.exit()
 
     def end_by_signal(self, signum: int) -> None:
-        """SIGTERM or SIGHUP (or the terminal gone): the answer stops ('interrupted', saved),
-        then the app exits the normal way, which restores the terminal."""
+        """SIGTERM, SIGHUP or SIGINT (or the terminal gone): the answer stops ('interrupted',
+        saved), then the app exits the normal way, which restores the terminal."""
         if self.exit_signal is not None:
             return
         self.exit_signal = signum

@@ -251,7 +251,9 @@ def history(
     if export is not None:
         export_history(export)
         return
-    conversations = Store().list_conversations()
+    # Listing writes nothing: a home with no database yet has no conversations.
+    has_database = default_database_path().is_file()
+    conversations = Store().list_conversations() if has_database else []
     if as_json:
         typer.echo(json.dumps([_summary_json(c) for c in conversations], indent=2))
         return
@@ -311,6 +313,8 @@ def show(
     as_json: AsJson = False,
 ) -> None:
     """Print one stored conversation."""
+    if not default_database_path().is_file():  # nothing to show, and nothing created
+        fail(f"no conversation with id {conversation_id} (no conversations stored yet)")
     conversation = Store().get(conversation_id)
     if as_json:
         typer.echo(json.dumps(_conversation_json(conversation), indent=2))
