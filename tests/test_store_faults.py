@@ -83,7 +83,7 @@ def test_a_home_that_is_a_file_names_it(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home"
     home.write_text("not a folder")
     monkeypatch.setenv("MACSPEC_HOME", str(home))
-    line = one_line_error(capsys, ["history"])
+    line = one_line_error(capsys, ["chat"])  # the chat opens the home first
     assert f"{home}: the macspec home is a file, not a folder" in line
 
 
@@ -92,7 +92,7 @@ def test_a_read_only_home_names_it(tmp_path, monkeypatch, capsys):
     home.mkdir()
     monkeypatch.setenv("MACSPEC_HOME", str(home))
     with read_only(home):
-        line = one_line_error(capsys, ["history"])
+        line = one_line_error(capsys, ["chat"])  # the chat opens the home first
     assert str(home) in line and "chats.db" in line
     assert "cannot create" in line or "not writable" in line
 
@@ -102,7 +102,7 @@ def test_a_home_under_a_read_only_folder_names_it(tmp_path, monkeypatch, capsys)
     parent.mkdir()
     monkeypatch.setenv("MACSPEC_HOME", str(parent / "home"))
     with read_only(parent):
-        line = one_line_error(capsys, ["history"])
+        line = one_line_error(capsys, ["chat"])  # the chat opens the home first
     assert f"{parent / 'home'}: cannot create the macspec home" in line
 
 
