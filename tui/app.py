@@ -112,7 +112,8 @@ class ChatApp(App, inherit_bindings=False):
         self._stats_shown = 0.0
         self._cancel = threading.Event()
         self._worker: Worker | None = None
-        self._quit_asked_at = -QUIT_CONFIRM_S
+        self._quit_asked_at = float("-inf")
+        """When ctrl+q last asked to confirm (unsent text): never, so far."""
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self):
