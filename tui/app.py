@@ -16,14 +16,11 @@ signal's number. (In the app's raw terminal ctrl+c is a key, so a SIGINT comes f
 
 from __future__ import annotations
 
-import asyncio
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from textual import on, work
-from textual.app import App
 from textual.binding import Binding
 from textual.widgets import Footer
 from textual.worker import Worker, get_current_worker
@@ -41,6 +38,7 @@ from tui.messages import (
     Saved,
     Started,
 )
+from tui.quitting import Quitting
 from tui.terminal import hangup_safe
 from tui.turn import answer_summary, in_memory, run_turn
 from tui.widgets.pickers import HistoryPicker, PairPicker
@@ -49,18 +47,12 @@ from tui.widgets.stats_bar import StatsBar
 from tui.widgets.transcript import AnswerMessage, Transcript
 from tui.wording import welcome
 
-STOP_WAIT_S = 10
-"""How long quitting waits for a running answer to stop and be saved."""
-QUIT_CONFIRM_S = 5
-"""With unsent text in the prompt, a second ctrl+q within this many seconds quits."""
-EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-"""Signals that end the chat cleanly: the answer saved, the terminal restored."""
 STATS_EVERY_S = 1 / 4
 """Most often the stats bar redraws while an answer streams (its figures change slowly; the
 text itself shows as it comes). The final figures always show."""
 
 
-class ChatApp(App, inherit_bindings=False):
+class ChatApp(Quitting, inherit_bindings=False):
     """Chat with a target/draft pair; accepted draft guesses are shown in their own colour."""
 
     CSS_PATH = "app.tcss"
@@ -92,9 +84,6 @@ class ChatApp(App, inherit_bindings=False):
             self.driver_class = hangup_safe(self.driver_class)
         self.exit_on_signals = exit_on_signals
         """Handle SIGTERM/SIGHUP/SIGINT (the CLI; tests run the app inside pytest's own loop)."""
-        self.exit_signal: int | None = None
-        """The signal that ended the app, if one did."""
-        self._interrupt = threading.Event()
         self.session = session
         self.list_pairs = list_pairs
         self.load_pair = load_pair
@@ -112,8 +101,6 @@ class ChatApp(App, inherit_bindings=False):
         self._stats_shown = 0.0
         self._cancel = threading.Event()
         self._worker: Worker | None = None
-        self._quit_asked_at = float("-inf")
-        """When ctrl+q last asked to confirm (unsent text): never, so far."""
 
     # -- layout ----------------------------------------------------------------------------
     def compose(self):
@@ -137,9 +124,7 @@ class ChatApp(App, inherit_bindings=False):
     async def on_mount(self) -> None:
         self.add_class("-sources")
         if self.exit_on_signals:
-            loop = asyncio.get_running_loop()
-            for signum in EXIT_SIGNALS:
-                loop.add_signal_handler(signum, self.end_by_signal, signum)
+            self.listen_for_exit_signals()
         await self._show_conversation()
         for warning in self.startup_warnings:
             await self.transcript.add_notice(f"warning: {warning}", "warning")
@@ -239,51 +224,6 @@ class ChatApp(App, inherit_bindings=False):
         self.generating = False
         self.turns_ended += 1
         self.stats_bar.set_state("ready")
-
-    def action_stop(self) -> None:
-        if self.generating and not self._cancel.is_set():
-            self._cancel.set()  # the engine polls it after every token
-            self.stats_bar.set_state("stopping")
-
-    async def _stop_answer(self, cancel: bool = True) -> None:
-        """Let a running answer stop and be saved before the process goes (`cancel`: as Esc
-        does; else the worker closes it at the next event, saved as 'interrupted')."""
-        if self.generating and self._worker is not None:
-            if cancel:
-                self._cancel.set()
-            try:
-                await asyncio.wait_for(self._worker.wait(), timeout=STOP_WAIT_S)
-            except (asyncio.TimeoutError, Exception):
-                pass
-
-    async def action_quit(self) -> None:
-        # Text typed and not sent is not in the history: one ctrl+q must not throw it away.
-        if self.prompt.text.strip():
-            now = time.monotonic()
-            if now - self._quit_asked_at > QUIT_CONFIRM_S:
-                self._quit_asked_at = now
-                self.notify(
-                    "Your message is not sent: ctrl+q again to quit without it.",
-                    severity="warning",
-                    timeout=QUIT_CONFIRM_S,
-                )
-                return
-        await self._stop_answer()
-        self.exit()
-
-    def end_by_signal(self, signum: int) -> None:
-        """SIGTERM, SIGHUP or SIGINT (or the terminal gone): the answer stops ('interrupted',
-        saved), then the app exits the normal way, which restores the terminal."""
-        if self.exit_signal is not None:
-            return
-        self.exit_signal = signum
-        self._interrupt.set()
-
-        async def close() -> None:
-            await self._stop_answer(cancel=False)
-            self.exit(return_code=128 + signum)
-
-        self.run_worker(close(), group="signal")
 
     def action_retry_save(self) -> None:
         """ctrl+s: try again to save what storage refused (off the UI thread: a locked
