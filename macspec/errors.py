@@ -1,5 +1,10 @@
 """Errors a user can cause: the CLI prints them as one line and exits with code 2."""
 
+EXIT_USER_ERROR = 2
+"""Bad input or environment: one line on stderr."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (128 + SIGINT). A command that says so itself (a stats line) ends with QuietExit(130)."""
+
 
 class MacspecError(Exception):
     """A problem with the user's input or environment, stated in one line.

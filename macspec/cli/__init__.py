@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-EXIT_INTERRUPTED = 130
+from macspec.errors import EXIT_INTERRUPTED
 
 try:
     from macspec.cli import bench, chat, models, run, serve, tune  # noqa: F401  (registers them)

@@ -14,7 +14,7 @@ try:  # typer >= 0.26 vendors its own click; older releases use the click packag
 except ImportError:  # pragma: no cover - depends on the installed typer
     from click.exceptions import ClickException
 
-from macspec.errors import MacspecError, QuietExit
+from macspec.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, MacspecError, QuietExit
 
 app = typer.Typer(
     name="macspec",
@@ -23,10 +23,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-
-EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130
-"""Ctrl-C. A command that says so itself (a stats line) ends with QuietExit(130) instead."""
 
 
 def _version(value: bool) -> None:

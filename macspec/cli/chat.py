@@ -15,8 +15,8 @@ from rich.text import Text
 
 from macspec.chat.store import Conversation, ConversationSummary, Store, default_database_path
 from macspec.cli import options as opt
-from macspec.cli.app import EXIT_USER_ERROR, app, fail
-from macspec.errors import QuietExit
+from macspec.cli.app import app, fail
+from macspec.errors import EXIT_USER_ERROR, QuietExit
 from macspec.models.catalog import resolve_models
 
 

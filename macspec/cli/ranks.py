@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from macspec.errors import MacspecError, QuietExit
+from macspec.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, MacspecError, QuietExit
 
 SUPPORTED = ("run", "bench", "serve")
 """Commands that run on every rank of a group; the others refuse a launcher."""
@@ -103,7 +103,8 @@ def ranks() -> Iterator[Ranks | None]:
     except (PeerLost, Stopped, KeyboardInterrupt) as exc:
         ending = True
         if rank:  # rank 0 says it; the rank that failed said why
-            raise QuietExit(130 if isinstance(exc, KeyboardInterrupt) else 2) from None
+            code = EXIT_INTERRUPTED if isinstance(exc, KeyboardInterrupt) else EXIT_USER_ERROR
+            raise QuietExit(code) from None
         raise
     except MacspecError as exc:
         ending = True

@@ -14,10 +14,8 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.errors import QuietExit
+from macspec.errors import EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
-
-EXIT_INTERRUPTED = 130
 
 if TYPE_CHECKING:
     from macspec.engine.events import Done
