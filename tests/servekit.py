@@ -1,9 +1,14 @@
-"""Helpers for the server's tests: tiny saved models, a backend over them, the expected answers."""
+"""Helpers for the server's tests: tiny saved models, a backend over them, the expected answers,
+and the clients that talk to it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import httpx
+import openai
+import pytest
 import tiny
 
 from macspec.chat.session import open_models
@@ -12,6 +17,27 @@ from macspec.engine.loop import Engine, GenerationConfig
 from macspec.models.catalog import resolve_models
 from macspec.models.templates import encode_messages
 from macspec.serve.backend import Backend, Defaults
+from macspec.serve.server import ServerThread
+
+KEY = "test-key"
+"""The API key of the test servers."""
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
+
+
+def client(server, **kwargs) -> openai.OpenAI:
+    kwargs.setdefault("api_key", KEY)
+    return openai.OpenAI(base_url=server.base_url, max_retries=0, timeout=60, **kwargs)
+
+
+def post(server, path: str, body, key: str | None = KEY, timeout: float = 30) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    data = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(server.base_url + path, content=data, headers=headers, timeout=timeout)
+
+
+def still_answers(server) -> None:
+    reply = client(server).chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=2)
+    assert reply.choices[0].finish_reason in ("length", "stop")
 
 
 def save_pair(root: Path) -> tuple[Path, Path]:
@@ -54,3 +80,25 @@ class Expected:
 
 def fresh_answer(engine: Engine, prompt: list[int], max_tokens: int) -> Done:
     return list(engine.generate(prompt, GenerationConfig(max_tokens)))[-1]
+
+
+def served_pair_fixtures():
+    """Module-scoped fixtures `folders` (a saved tiny pair), `expected` (its answers, from an
+    engine of its own) and `server` (a ServerThread over it, with the API key KEY), for
+    `folders, expected, server = served_pair_fixtures()` at a test module's top."""
+
+    @pytest.fixture(scope="module")
+    def folders(tmp_path_factory):
+        return save_pair(tmp_path_factory.mktemp("serve"))
+
+    @pytest.fixture(scope="module")
+    def expected(folders):
+        return Expected(*folders)
+
+    @pytest.fixture(scope="module")
+    def server(folders):
+        backend = make_backend(*folders, context_length=400, max_queue=32, prompt_cache_size=4)
+        with ServerThread(backend, api_key=KEY) as running:
+            yield running
+
+    return folders, expected, server
