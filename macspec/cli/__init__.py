@@ -7,6 +7,7 @@ line and exit 130, never a KeyboardInterrupt traceback.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from collections.abc import Sequence
@@ -58,5 +59,15 @@ def open_closed_standard_streams() -> None:
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
+
+def release_main_streams() -> None:
+    """At exit: the main thread's MLX streams, if a command used MLX (see engine/streams.py)."""
+    if "mlx.core" in sys.modules:
+        from macspec.engine.streams import release_streams
+
+        release_streams()
+
+
+atexit.register(release_main_streams)
 
 __all__ = ["app", "main"]

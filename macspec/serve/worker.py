@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
-
 from macspec.engine.distributed import Diverged, PeerLost
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.streams import release_streams
 from macspec.serve.prompt_cache import PromptCache
 
 if TYPE_CHECKING:
@@ -149,15 +148,17 @@ class Worker:
             return self._running
 
     def _run(self) -> None:
-        while (job := self._next()) is not None:
-            try:
-                self._generate(job)
-            finally:
-                with self._lock:
-                    self._running = None
-        # Work queued with async_eval (a draft queued ahead) finishes before the thread ends:
-        # none may still run on MLX's own threads while the interpreter shuts down.
-        mx.synchronize()
+        try:
+            while (job := self._next()) is not None:
+                try:
+                    self._generate(job)
+                finally:
+                    with self._lock:
+                        self._running = None
+        finally:
+            # Work queued with async_eval (a draft queued ahead) finishes before the thread
+            # ends, and its streams go with it: none may outlive it into the process's exit.
+            release_streams()
 
     def _generate(self, job: Job) -> None:
         job.started_at = time.perf_counter()
