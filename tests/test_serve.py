@@ -1,5 +1,5 @@
-"""`macspec serve` with the real `openai` client: lossless answers, figures, every 4xx, a client
-that goes away, 16 concurrent clients, the prompt cache across requests, the API key."""
+"""`macspec serve` with the real `openai` client: lossless answers, streamed or not, figures,
+stop strings, every 4xx, a failing generation, the API key (under load: test_serve_load.py)."""
 
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ def test_a_client_that_disconnects_mid_stream_cancels_its_generation(server):
 
 def test_a_client_that_leaves_the_queue_frees_its_place(server, monkeypatch):
     worker = server.backend.worker
-    # The running answer holds the device after its first token until the test lets it go:
-    # a tiny model's 300 tokens could otherwise end before the queued clients leave.
+    # The running answer holds the device after the engine's first event until the test lets
+    # it go: a tiny model's 300 tokens could otherwise end before the queued clients leave.
     release = threading.Event()
     generate = worker.engine.generate
 
@@ -66,16 +66,18 @@ def test_a_client_that_leaves_the_queue_frees_its_place(server, monkeypatch):
     api = client(server)
     long = [{"role": "user", "content": "prompt number 0"}]
     running = api.chat.completions.create(model="tiny", messages=long, max_tokens=300, stream=True)
-    next(running)
-    waiting = api.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
-    next(waiting)  # the role chunk comes at once; the answer waits for the device
-    assert worker.waiting == 1
-    waiting.close()
-    with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
-        post(server, "/chat/completions", {"model": "tiny", "messages": MESSAGES}, timeout=0.5)
-    assert settles(lambda: worker.waiting == 0)  # both left the queue without running
-    release.set()
-    running.close()
+    try:
+        next(running)
+        waiting = api.chat.completions.create(model="tiny", messages=MESSAGES, stream=True)
+        next(waiting)  # the role chunk comes at once; the answer waits for the device
+        assert worker.waiting == 1
+        waiting.close()
+        with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
+            post(server, "/chat/completions", {"model": "tiny", "messages": MESSAGES}, timeout=0.5)
+        assert settles(lambda: worker.waiting == 0)  # both left the queue without running
+    finally:  # a failure here must not leave the device held for the module's other tests
+        release.set()
+        running.close()
 
 
 # -- load: 16 clients x 4 turns, none lost or mixed up; 429 when the queue is small ---------------

@@ -61,11 +61,20 @@ def open_closed_standard_streams() -> None:
 
 
 def release_main_streams() -> None:
-    """At exit: the main thread's MLX streams, if a command used MLX (see engine/streams.py)."""
-    if "mlx.core" in sys.modules:
-        from macspec.engine.streams import release_streams
+    """At exit: the main thread's MLX streams, if a command used MLX (see engine/streams.py).
+    Not under a launcher: a rank that lost its peers may hold a collective that never ends,
+    and waiting for it would hang the exit."""
+    if "mlx.core" not in sys.modules:
+        return
+    from macspec.cli.ranks import launched
+    from macspec.engine.streams import release_streams
 
+    if launched():
+        return
+    try:
         release_streams()
+    except Exception:  # noqa: BLE001 - the process is ending: no traceback for a cleanup
+        pass
 
 
 atexit.register(release_main_streams)

@@ -81,7 +81,7 @@ def ranks() -> Iterator[Ranks | None]:
             file=real_stderr,
             flush=True,
         )
-        os._exit(2)
+        os._exit(EXIT_USER_ERROR)
 
     def stopped(_signum, _frame) -> None:
         if not ending:  # already on the way out with an error of its own: let it finish

@@ -158,7 +158,9 @@ class Worker:
         finally:
             # Work queued with async_eval (a draft queued ahead) finishes before the thread
             # ends, and its streams go with it: none may outlive it into the process's exit.
-            release_streams()
+            # Not after lost ranks: a collective that never ends would hold the thread.
+            if self.fatal is None:
+                release_streams()
 
     def _generate(self, job: Job) -> None:
         job.started_at = time.perf_counter()
