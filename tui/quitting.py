@@ -9,9 +9,14 @@ import asyncio
 import signal
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from textual.app import App
 from textual.worker import Worker
+
+if TYPE_CHECKING:
+    from tui.widgets.prompt import PromptInput
+    from tui.widgets.stats_bar import StatsBar
 
 STOP_WAIT_S = 10
 """How long quitting waits for a running answer to stop and be saved."""
@@ -24,7 +29,10 @@ EXIT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 class Quitting(App):
     """The stop, quit and signal actions of the chat app (tui/app.py's ChatApp)."""
 
+    # What it uses of ChatApp's.
     generating: bool
+    prompt: PromptInput
+    stats_bar: StatsBar
     _cancel: threading.Event
     _worker: Worker | None
 
