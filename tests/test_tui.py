@@ -1,4 +1,5 @@
-"""The chat app with tiny models: Pilot tests of turns, stop, crash, pairs, chats; snapshots."""
+"""The chat app with tiny models: Pilot tests of turns, crash, pairs, chats; snapshots (stopping
+and quitting: test_tui_quitting.py)."""
 
 from __future__ import annotations
 
@@ -137,29 +138,6 @@ async def test_a_turn_streams_into_the_transcript_and_stats(tok, store):
 
 
 @pytest.mark.asyncio
-async def test_escape_stops_the_answer_and_keeps_it(tok, store):
-    app, target, _ = build(tok, store, max_tokens=2000, eos_bias=-1e4)
-    target.slow_after, target.slow_s = 12, 0.02  # slow enough to press Esc mid-answer
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.press(*"go on and on", "enter")
-        await until(pilot, lambda: app.generating and target.slowed.is_set())
-        answer = app.transcript.query(AnswerMessage).last()
-        await until(pilot, lambda: answer.text != "")
-        await pilot.press("escape")
-        await until(pilot, lambda: not app.generating, timeout=10)
-        await app.workers.wait_for_complete()
-
-        reply = store.get(app.session.conversation_id).messages[-1]
-        assert (reply.complete, reply.finish_reason) == (False, "cancelled")
-        assert 0 < reply.token_count < 2000
-        assert answer.text == reply.content != ""
-        assert answer.summary.endswith("stopped, saved as incomplete")
-        assert "cancelled" not in answer.summary and answer.summary.count("stopped") == 1
-        assert len(answer.summary) < SIZE[0] - 4  # on one line, not cut
-        assert app.session.messages[-1] == {"role": "assistant", "content": reply.content}
-
-
-@pytest.mark.asyncio
 async def test_a_crash_in_the_worker_keeps_the_partial_answer(tok, store):
     app, target, _ = build(tok, store, max_tokens=400, eos_bias=-1e4)
     target.crash_after = 10  # the prefill, then nine cycles
@@ -214,36 +192,6 @@ async def test_a_pair_that_fails_to_load_keeps_the_current_one(tok, store):
         assert app.session.models == MODELS and app.stats_bar.pair == "tiny"
         assert notes == ["Could not load other: pair 'other' is not downloaded"]
         await ask(pilot, "still works")
-
-
-@pytest.mark.asyncio
-async def test_quit_mid_answer_saves_it(tok, store):
-    app, target, _ = build(tok, store, max_tokens=2000, eos_bias=-1e4)
-    target.slow_after, target.slow_s = 12, 0.02
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.press(*"never ending", "enter")
-        await until(pilot, lambda: target.slowed.is_set())
-        await pilot.press("ctrl+q")
-        await until(pilot, lambda: not app.is_running, timeout=15)
-    reply = store.get(store.latest_conversation_id()).messages[-1]
-    assert (reply.complete, reply.finish_reason) == (False, "cancelled")
-    assert reply.content and reply.token_count < 2000
-
-
-@pytest.mark.asyncio
-async def test_quit_with_unsent_text_asks_once_more(tok, store):
-    app, _, _ = build(tok, store)
-    notes: list[str] = []
-    app.notify = lambda message, **kwargs: notes.append(message)
-    async with app.run_test(size=SIZE) as pilot:
-        await pilot.press(*"half a thought")
-        await pilot.press("ctrl+q")
-        await pilot.pause()
-        assert app.is_running and app.prompt.text == "half a thought"
-        assert notes == ["Your message is not sent: ctrl+q again to quit without it."]
-        await pilot.press("ctrl+q")
-        await until(pilot, lambda: not app.is_running, timeout=15)
-    assert store.latest_conversation_id() is None  # nothing was sent, nothing stored
 
 
 @pytest.mark.asyncio
