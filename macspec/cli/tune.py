@@ -70,7 +70,7 @@ def tune(
         typer.Option(
             "--kl",
             help="Weight of KL(target top-32 || draft) in the loss, 0..1 (0: cross-entropy on "
-            "the target's tokens only, what greedy verification keeps).",
+            "the target's tokens only; suits greedy decoding).",
         ),
     ] = 0.0,
     learning_rate: Annotated[
