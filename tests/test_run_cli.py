@@ -174,6 +174,12 @@ def test_stdin_prompt_raw_and_no_draft(capsys, monkeypatch, folders):
     # The raw text's ids, no chat template around them.
     assert record["prompt_tokens"] == tiny.tokenizer(folders["target"]).encode("abc")
     assert len(record["prompt_tokens"]) == 3
+    # `echo abc | macspec run -` is the prompt "abc": echo's newline is not the user's.
+    for piped in ("abc\n", "abc\r\n\n"):
+        args = ["run", "-", "--model", folders["target"], "--raw", "--json", "--max-tokens", "1"]
+        code, out, err = invoke(capsys, monkeypatch, *args, stdin=piped)
+        assert code == 0, err
+        assert json.loads(out)["prompt_tokens"] == record["prompt_tokens"]
     assert record["draft_model"] is None
     assert record["stats"]["acceptance_rate"] is None
     assert set(record["sources"]) <= {"target"}

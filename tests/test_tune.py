@@ -164,7 +164,8 @@ def test_a_better_draft_is_registered_as_a_pair(models, tuned, monkeypatch):
 def test_force_replaces_an_existing_out_only_once_the_new_draft_is_whole(models, tmp_path):
     out = tmp_path / "drafts" / "draft"
     out.mkdir(parents=True)
-    (out / "old.txt").write_text("an earlier draft")
+    (out / "tune.json").write_text("{}")  # an earlier tuned draft
+    (out / "old.txt").write_text("its weights")
     code, _, stderr = run_cli(*tune_args(models, out, "weak", "--full", "--steps", 2))
     assert code == 2 and "--force" in stderr and (out / "old.txt").exists()
     code, _, stderr = run_cli(*tune_args(models, out, "weak", "--full", "--steps", 2, "--force"))
@@ -328,6 +329,16 @@ BAD_INPUTS = {
         + ["--out", "{existing}"],
         "already exists",
     ),
+    "force on a folder tune did not write": (
+        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
+        + ["--out", "{existing}", "--force"],
+        "macspec tune did not write",
+    ),
+    "a shipped pair's name": (
+        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
+        + ["--register", "demo"],
+        "the shipped catalog has a pair 'demo'",
+    ),
     "too little disk": (
         ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"],
         "not enough disk space",
@@ -397,3 +408,7 @@ def test_better_means_a_gain_the_held_out_prompts_can_tell_from_chance():
     assert verdict_of(before, steady) == "better"
     assert verdict_of(steady, before) == "worse"
     assert verdict_of(before, before) == "unclear"
+    # One held-out prompt has no spread to judge by: however large the change, it is no
+    # evidence (and registers no pair).
+    assert verdict_of(before[:1], steady[:1]) == "unclear"
+    assert verdict_of(steady[:1], before[:1]) == "unclear"

@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 
 
 def read_prompt(prompt: str) -> str:
-    """The prompt argument, or stdin for '-'; bytes that are not text are one line."""
-    text = read_stdin() if prompt == "-" else prompt
+    """The prompt argument, or stdin for '-' (its trailing newlines dropped, as a shell's
+    `$(...)` does: `echo` adds one the user did not type); bytes that are not text are one
+    line."""
+    text = read_stdin().rstrip("\r\n") if prompt == "-" else prompt
     if "\x00" in text:
         fail("the prompt holds binary data (NUL bytes); give text")
     if not text.strip():

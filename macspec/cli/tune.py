@@ -103,7 +103,12 @@ def tune(
             "if the tuned draft measured better.",
         ),
     ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace an existing --out.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Replace an earlier tuned draft at --out (one with a tune.json)."
+        ),
+    ] = False,
     no_cache: Annotated[
         bool,
         typer.Option(
@@ -200,7 +205,12 @@ def tune(
     print(f"saved: {out} (mlx-lm format, at the draft's own precision; tune.json has the figures)")
     b, a = result.before, result.after
     mean, error = result.change
-    paired = f"per held-out prompt {mean:+.2f} ± {2 * error:.2f}"
+    paired = (
+        f"per held-out prompt {mean:+.2f} ± {2 * error:.2f}"
+        if error is not None
+        else f"{mean:+.2f} on the one held-out prompt"
+    )
+    undecided = "one prompt cannot tell" if error is None else "within what these prompts can tell"
     if result.verdict == "better":
         print(
             f"better: {a.tokens_per_pass:.2f} tokens per target pass instead of "
@@ -215,7 +225,7 @@ def tune(
     else:
         print(
             f"NOT clearly better: {a.tokens_per_pass:.2f} tokens per target pass against "
-            f"{b.tokens_per_pass:.2f} before ({paired}: within what these prompts can tell); "
+            f"{b.tokens_per_pass:.2f} before ({paired}: {undecided}); "
             "keep using the old draft (it stays the default), or measure on more --held-out "
             "prompts"
         )

@@ -88,14 +88,14 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def change(self) -> tuple[float, float]:
+    def change(self) -> tuple[float, float | None]:
         """(mean, standard error) over the held-out prompts of the change in each prompt's
         tokens per target pass, after minus before (paired: the same prompts, the same
-        greedy answers)."""
+        greedy answers); the error is None with fewer than two prompts (no spread)."""
         pairs = zip(self.before.prompt_rates(), self.after.prompt_rates())
         diffs = [after - before for before, after in pairs]
-        if len(diffs) < 2:  # no spread to judge by
-            return (diffs[0] if diffs else 0.0), 0.0
+        if len(diffs) < 2:
+            return (diffs[0] if diffs else 0.0), None
         mean = sum(diffs) / len(diffs)
         variance = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
         return mean, (variance / len(diffs)) ** 0.5
@@ -105,7 +105,7 @@ class TuneResult:
         """'better' or 'worse' when the paired change clears two standard errors (a gain that
         would show on other prompts too), else 'unclear'."""
         mean, error = self.change
-        if abs(mean) <= 2 * error or mean == 0:
+        if error is None or abs(mean) <= 2 * error or mean == 0:  # one prompt tells nothing
             return "unclear"
         return "better" if mean > 0 else "worse"
 

@@ -113,7 +113,9 @@ def check(config: TuneConfig) -> _Plan:
         keep = {p.messages for p in held_out}
         train = [p for p in prompts if p.messages not in keep]  # never train on held-out ones
         if len(train) < len(prompts):
-            notes.append(f"{len(prompts) - len(train)} prompts also in --held-out: not trained on")
+            repeated = len(prompts) - len(train)
+            noun = "prompt" if repeated == 1 else "prompts"
+            notes.append(f"{repeated} {noun} also in --held-out: not trained on")
         if not train:
             raise MacspecError("no prompts left to train on: all of them are in --held-out")
     else:

@@ -27,7 +27,9 @@ MARGIN_BYTES = 16 * 2**20
 
 
 def check_out(out: Path, force: bool, protected: tuple[Path, ...] = ()) -> None:
-    """`--out` may be written: absent, or a folder with --force, and none of `protected`."""
+    """`--out` may be written: absent, or with --force an earlier tuned draft (a folder with a
+    tune.json) or an empty folder, and none of `protected`. --force never replaces a folder
+    of other files: a mistyped --out must not cost the user their data."""
     resolved = out.expanduser().resolve()
     for path in protected:
         if resolved == path.resolve():
@@ -37,6 +39,11 @@ def check_out(out: Path, force: bool, protected: tuple[Path, ...] = ()) -> None:
             raise MacspecError(f"--out {out} already exists (pass --force to replace it)")
         if not out.is_dir():
             raise MacspecError(f"--out {out} exists and is not a folder")
+        if not (out / "tune.json").is_file() and any(out.iterdir()):
+            raise MacspecError(
+                f"--out {out} holds files that macspec tune did not write (no tune.json): "
+                "--force replaces only an earlier tuned draft; pick another folder"
+            )
 
 
 def needed_bytes(draft: Path) -> int:
@@ -97,6 +104,10 @@ def check_register_name(name: str) -> None:
     if not is_pair_name(name):
         raise MacspecError(
             f"--register {name!r}: a pair name is lowercase letters, digits, '.', '_' or '-'"
+        )
+    if shadows_shipped(name):
+        raise MacspecError(
+            f"--register {name}: the shipped catalog has a pair '{name}'; pick another name"
         )
     path = user_catalog_path()
     if path.is_file() and name in parse_catalog(read_toml(path), path):
