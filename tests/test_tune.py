@@ -141,6 +141,8 @@ def test_tuning_raises_acceptance_on_held_out_prompts(models, tuned):
     assert f"{'acceptance':24}{before['acceptance']:>10.2f}{after['acceptance']:>10.2f}" in stdout
     assert "better: " in stdout and "NOT better" not in stdout
     assert f"saved: {out}" in stdout
+    # Not a terminal: mlx-lm's training table comes as plain text, with no escape codes.
+    assert "train_loss" in stdout and "\x1b" not in stdout
 
 
 def test_a_better_draft_is_registered_as_a_pair(models, tuned, monkeypatch):

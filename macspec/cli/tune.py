@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -238,6 +239,20 @@ def tune(
         print(f"use it: macspec chat --model TARGET --draft-model {out}, or tune with --register")
 
 
+def _plain_training_display_unless_a_terminal() -> None:
+    """mlx-lm's training display (its shared rich console) forces truecolor, which writes
+    escape codes into a file or a pipe and ignores NO_COLOR: there, it writes plain text."""
+    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
+        return
+    try:
+        from mlx_lm.cli_ui import make_console
+    except ImportError:  # an older mlx-lm, whose trainer prints plain lines
+        return
+    console = make_console()
+    if hasattr(console, "_color_system"):  # rich renders no style at all without one
+        console._color_system = None
+
+
 def _left_at(out: Path, started: float) -> str:
     """What a stopped run left at --out: nothing, unless it stopped after the save (while
     registering the pair)."""
@@ -272,6 +287,9 @@ def _ended_by_signals() -> Iterator[None]:
 
 class CliReporter:
     """Notes on stdout, progress bars on stderr (rich), mlx-lm's own training display."""
+
+    def __init__(self) -> None:
+        _plain_training_display_unless_a_terminal()
 
     def note(self, text: str) -> None:
         print(f"macspec tune: {text}", flush=True)
