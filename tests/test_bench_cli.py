@@ -343,3 +343,16 @@ def test_a_recurrent_pair_is_benchmarked_with_its_restores_counted(tmp_path, cap
     assert main(bench_args(folders, "--verbose")) == 0
     table = capsys.readouterr().out
     assert "re-" in table and "fed" in table and "mlx-lm refuses to speculate" in table
+
+
+def test_the_quick_verdict_calls_a_speedup_only_when_most_prompts_show_it():
+    from macspec.bench.figures import spread
+    from macspec.cli.bench_tables import speed_verdict
+
+    steady = spread([1.3, 1.25, 1.2, 1.35])
+    assert speed_verdict("macspec k=4", steady).startswith("macspec k=4 is fastest: 1.27x")
+    # One lucky prompt lifts the median past 5%; most prompts were slower: no speedup claimed.
+    noisy = spread([0.85, 0.9, 1.5, 1.6])
+    assert "is fastest" not in speed_verdict("macspec auto", noisy)
+    assert "not on most prompts" in speed_verdict("macspec auto", noisy)
+    assert "guessing does not pay" in speed_verdict("macspec auto", spread([0.86, 1.0, 1.04]))

@@ -345,6 +345,11 @@ BAD_INPUTS = {
         ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"],
         "not enough disk space",
     ),
+    "an --out that cannot be made": (
+        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
+        + ["--out", "{one}/drafts/out"],
+        "cannot write in",
+    ),
     "no history": (
         ["--from-history", "--model", "{target}", "--draft-model", "{weak}"],
         "no stored conversations",
