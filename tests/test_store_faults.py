@@ -85,6 +85,14 @@ def test_a_home_that_is_a_file_names_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MACSPEC_HOME", str(home))
     line = one_line_error(capsys, ["chat"])  # the chat opens the home first
     assert f"{home}: the macspec home is a file, not a folder" in line
+    # Reading it too: not "no stored conversations yet".
+    for argv in (
+        ["history"],
+        ["history", "--json"],
+        ["history", "show", "1"],
+        ["history", "--export", "-"],
+    ):
+        assert "the macspec home is a file, not a folder" in one_line_error(capsys, argv)
 
 
 def test_a_read_only_home_names_it(tmp_path, monkeypatch, capsys):

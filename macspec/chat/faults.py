@@ -107,15 +107,21 @@ def describe(exc: sqlite3.Error | OSError, path: Path, busy_timeout_s: float) ->
     return StorageError(path, f"the chat database failed: {text}")
 
 
-def prepare_home(database: Path) -> None:
-    """Create the folder the database lives in; a file in its way, a parent that cannot be
-    written or a read-only home is one line naming the path and the problem."""
-    home = database.parent
+def check_home_is_a_folder(home: Path) -> None:
+    """A home that is a file is one line, for commands that only read it too: else they would
+    find no database there and report nothing stored."""
     if home.exists() and not home.is_dir():
         raise MacspecError(
             f"{home}: the macspec home is a file, not a folder; move it aside, or set "
             "MACSPEC_HOME to another folder"
         )
+
+
+def prepare_home(database: Path) -> None:
+    """Create the folder the database lives in; a file in its way, a parent that cannot be
+    written or a read-only home is one line naming the path and the problem."""
+    home = database.parent
+    check_home_is_a_folder(home)
     try:
         home.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from macspec.chat.faults import check_home_is_a_folder
 from macspec.chat.store import Conversation, ConversationSummary, Store, default_database_path
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
@@ -252,6 +253,7 @@ def history(
         export_history(export)
         return
     # Listing writes nothing: a home with no database yet has no conversations.
+    check_home_is_a_folder(default_database_path().parent)
     has_database = default_database_path().is_file()
     conversations = Store().list_conversations() if has_database else []
     if as_json:
@@ -285,6 +287,7 @@ def export_history(target: Path) -> None:
     from macspec.chat.export import export_readable
 
     database = default_database_path()
+    check_home_is_a_folder(database.parent)
     if not database.is_file():
         fail(f"{database}: no chat database to export")
     result = export_readable(database)
@@ -314,6 +317,7 @@ def show(
     as_json: AsJson = False,
 ) -> None:
     """Print one stored conversation."""
+    check_home_is_a_folder(default_database_path().parent)
     if not default_database_path().is_file():  # nothing to show, and nothing created
         fail(f"no conversation with id {conversation_id} (no conversations stored yet)")
     conversation = Store().get(conversation_id)
