@@ -57,9 +57,7 @@ def config_table(rows: list[ConfigSummary], temperature: float) -> Table:
         "TTFT\nms",
         "peak\nMB",
     ):
-        # A heading is never cut ("pe…"): the column is at least as wide as its longest line.
-        widest = max(len(line) for line in name.splitlines())
-        table.add_column(name, justify="right", no_wrap=True, min_width=widest)
+        table.add_column(name, justify="right", no_wrap=True)
     refeeds = any(s.refed for s in rows)  # a target that rolls back by restoring checkpoints
     if refeeds:
         table.add_column("re-\nfed", justify="right", no_wrap=True)
