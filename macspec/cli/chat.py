@@ -310,8 +310,7 @@ def export_history(target: Path) -> None:
     )
 
 
-# Negative ids are read as ids (and said to be unknown), not as options nobody defined.
-@history_app.command("show", context_settings={"ignore_unknown_options": True})
+@history_app.command("show")
 def show(
     conversation_id: Annotated[int, typer.Argument(help="A conversation id from `history`.")],
     as_json: AsJson = False,
