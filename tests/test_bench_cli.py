@@ -346,13 +346,23 @@ def test_a_recurrent_pair_is_benchmarked_with_its_restores_counted(tmp_path, cap
 
 
 def test_the_quick_verdict_calls_a_speedup_only_when_most_prompts_show_it():
+    from types import SimpleNamespace
+
     from macspec.bench.figures import spread
     from macspec.cli.bench_tables import speed_verdict
 
-    steady = spread([1.3, 1.25, 1.2, 1.35])
-    assert speed_verdict("macspec k=4", steady).startswith("macspec k=4 is fastest: 1.27x")
+    def row(name, speedups):
+        return SimpleNamespace(config=SimpleNamespace(name=name), speedup=spread(speedups))
+
+    steady = row("macspec k=4", [1.3, 1.25, 1.2, 1.35])
+    assert speed_verdict([steady]).startswith("macspec k=4 is fastest: 1.27x")
     # One lucky prompt lifts the median past 5%; most prompts were slower: no speedup claimed.
-    noisy = spread([0.85, 0.9, 1.5, 1.6])
-    assert "is fastest" not in speed_verdict("macspec auto", noisy)
-    assert "not on most prompts" in speed_verdict("macspec auto", noisy)
-    assert "guessing does not pay" in speed_verdict("macspec auto", spread([0.86, 1.0, 1.04]))
+    noisy = row("macspec auto", [0.85, 0.9, 1.5, 1.6])
+    assert "is fastest" not in speed_verdict([noisy])
+    assert "macspec auto 1.20x plain, but not steadily" in speed_verdict([noisy])
+    # The steady one is called fastest even when a noisy one has the higher median.
+    assert speed_verdict([noisy, steady]).startswith("macspec k=4 is fastest")
+    # With fewer than four prompts, every one of them must be faster.
+    assert "is fastest" not in speed_verdict([row("macspec k=2", [0.95, 1.3])])
+    assert "is fastest" in speed_verdict([row("macspec k=2", [1.1, 1.3])])
+    assert "guessing does not pay" in speed_verdict([row("x", [0.86, 1.0, 1.04])])

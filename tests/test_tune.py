@@ -174,6 +174,12 @@ def test_force_replaces_an_existing_out_only_once_the_new_draft_is_whole(models,
     assert code == 0, stderr
     assert not (out / "old.txt").exists() and (out / "config.json").is_file()
     assert {p.name for p in out.parent.iterdir()} == {"draft"}  # no staging or backup left
+    # A folder the Finder opened, otherwise empty, is empty.
+    finder = tmp_path / "finder"
+    finder.mkdir()
+    (finder / ".DS_Store").write_bytes(b"\0")
+    code, _, stderr = run_cli(*tune_args(models, finder, "weak", "--full", "--steps", 2, "--force"))
+    assert code == 0, stderr
 
 
 def test_saved_draft_loads_with_mlx_lm_and_stays_lossless(models, tuned):
@@ -324,7 +330,12 @@ BAD_INPUTS = {
             "--out",
             "{existing}",
         ],
-        "already exists",
+        "already exists and holds files that macspec tune did not write",
+    ),
+    "an earlier tuned draft at out, without --force": (
+        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
+        + ["--out", "{earlier}"],
+        "already exists (pass --force to replace it)",
     ),
     "out exists, whatever the prompts": (
         ["--prompts", "{one}", "--model", "{target}", "--draft-model", "{weak}"]
@@ -368,6 +379,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
     (tmp_path / "one.jsonl").write_text('{"prompt": "too few to hold one out"}\n')
     (tmp_path / "existing").mkdir()
     (tmp_path / "existing" / "keep.txt").write_text("mine")
+    (tmp_path / "earlier").mkdir()
+    (tmp_path / "earlier" / "tune.json").write_text("{}")
     if case == "too little disk":
         monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1000, 1000))
     names = {k: str(v) for k, v in models.items()} | {
@@ -375,6 +388,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(
         "malformed": str(tmp_path / "malformed.jsonl"),
         "one": str(tmp_path / "one.jsonl"),
         "existing": str(tmp_path / "existing"),
+        "earlier": str(tmp_path / "earlier"),
     }
     args = [a.format(**names) for a in args]
     if "--out" not in args:

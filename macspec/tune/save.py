@@ -22,6 +22,8 @@ from macspec.models.home import read_toml, user_catalog_path
 WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json", "*.bin", "*.gguf", "*.pt")
 """The draft's files the tuned weights replace; everything else (config, tokenizer, chat
 template, generation config) is copied as it is."""
+FINDER_FILES = {".DS_Store"}
+"""Files macOS puts in any folder opened in the Finder: a folder of only these is empty."""
 MARGIN_BYTES = 16 * 2**20
 """Free space asked for beyond the estimate."""
 
@@ -35,15 +37,20 @@ def check_out(out: Path, force: bool, protected: tuple[Path, ...] = ()) -> None:
         if resolved == path.resolve():
             raise MacspecError(f"--out {out} is one of the models being tuned; pick another")
     if out.exists() or out.is_symlink():
-        if not force:
-            raise MacspecError(f"--out {out} already exists (pass --force to replace it)")
         if not out.is_dir():
             raise MacspecError(f"--out {out} exists and is not a folder")
-        if not (out / "tune.json").is_file() and any(out.iterdir()):
+        try:
+            earlier_draft = (out / "tune.json").is_file()
+            others = [p for p in out.iterdir() if p.name not in FINDER_FILES]
+        except OSError as exc:
+            raise MacspecError(f"--out {out}: cannot read it ({exc.strerror or exc})") from None
+        if others and not earlier_draft:
             raise MacspecError(
-                f"--out {out} holds files that macspec tune did not write (no tune.json): "
-                "--force replaces only an earlier tuned draft; pick another folder"
+                f"--out {out} already exists and holds files that macspec tune did not write "
+                "(no tune.json; --force replaces only an earlier tuned draft): pick another folder"
             )
+        if not force:
+            raise MacspecError(f"--out {out} already exists (pass --force to replace it)")
 
 
 def needed_bytes(draft: Path) -> int:
