@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from macspec import __version__
-from macspec.chat.faults import DamagedDatabase, NewerSchema, describe, prepare_home
+from macspec.chat.faults import (
+    DamagedDatabase,
+    NewerSchema,
+    check_home_is_a_folder,
+    describe,
+    prepare_home,
+)
 from macspec.chat.records import (
     NO_MODELS,
     Conversation,
@@ -57,6 +63,14 @@ DATABASE_FILE = "chats.db"
 def default_database_path() -> Path:
     """The chat database in the macspec home (MACSPEC_HOME moves it)."""
     return macspec_home() / DATABASE_FILE
+
+
+def existing_database() -> Path | None:
+    """The chat database for commands that only read it: None when none was made yet (and
+    nothing is created); a home that is a file is one line, not an empty history."""
+    database = default_database_path()
+    check_home_is_a_folder(database.parent)
+    return database if database.is_file() else None
 
 
 BUSY_TIMEOUT_S = 10.0

@@ -253,15 +253,14 @@ def beats_plain(speedup: Spread) -> bool:
 def speed_verdict(rows: list[ConfigSummary]) -> str:
     """The fastest configuration that really beats plain decoding, or why none is called so."""
     winners = [r for r in rows if beats_plain(r.speedup)]
-    if winners:
-        best = max(winners, key=lambda r: r.speedup.median)
-        quartiles = f"quartiles {best.speedup.q1:.2f}-{best.speedup.q3:.2f}"
-        return f"{best.config.name} is fastest: {best.speedup.median:.2f}x plain ({quartiles})"
-    best = max(rows, key=lambda r: r.speedup.median)
-    if best.speedup.median <= 1.05:
+    best = max(winners or rows, key=lambda r: r.speedup.median)
+    if not winners and best.speedup.median <= 1.05:
         return "nothing beats plain decoding by 5% here: guessing does not pay"
-    quartiles = f"quartiles {best.speedup.q1:.2f}-{best.speedup.q3:.2f}"
-    return f"{best.config.name} {best.speedup.median:.2f}x plain, but not steadily ({quartiles})"
+    name, s = best.config.name, best.speedup
+    quartiles = f"quartiles {s.q1:.2f}-{s.q3:.2f}"
+    if winners:
+        return f"{name} is fastest: {s.median:.2f}x plain ({quartiles})"
+    return f"{name} {s.median:.2f}x plain, but not steadily ({quartiles})"
 
 
 def summary_lines(rep: Report) -> list[str]:

@@ -13,8 +13,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from macspec.chat.faults import check_home_is_a_folder
-from macspec.chat.store import Conversation, ConversationSummary, Store, default_database_path
+from macspec.chat.store import (
+    Conversation,
+    ConversationSummary,
+    Store,
+    default_database_path,
+    existing_database,
+)
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.errors import EXIT_USER_ERROR, QuietExit
@@ -253,9 +258,7 @@ def history(
         export_history(export)
         return
     # Listing writes nothing: a home with no database yet has no conversations.
-    check_home_is_a_folder(default_database_path().parent)
-    has_database = default_database_path().is_file()
-    conversations = Store().list_conversations() if has_database else []
+    conversations = Store().list_conversations() if existing_database() else []
     if as_json:
         typer.echo(json.dumps([_summary_json(c) for c in conversations], indent=2))
         return
@@ -286,10 +289,9 @@ def export_history(target: Path) -> None:
     """`history --export FILE`: what can be read, as `history show --json` records."""
     from macspec.chat.export import export_readable
 
-    database = default_database_path()
-    check_home_is_a_folder(database.parent)
-    if not database.is_file():
-        fail(f"{database}: no chat database to export")
+    database = existing_database()
+    if database is None:
+        fail(f"{default_database_path()}: no chat database to export")
     result = export_readable(database)
     text = json.dumps(result.conversations, indent=2) + "\n"
     if str(target) == "-":
@@ -316,8 +318,7 @@ def show(
     as_json: AsJson = False,
 ) -> None:
     """Print one stored conversation."""
-    check_home_is_a_folder(default_database_path().parent)
-    if not default_database_path().is_file():  # nothing to show, and nothing created
+    if existing_database() is None:  # nothing to show, and nothing created
         fail(f"no conversation with id {conversation_id} (no conversations stored yet)")
     conversation = Store().get(conversation_id)
     if as_json:

@@ -166,12 +166,17 @@ def size_on_disk(path: Path) -> int:
     return total
 
 
-def free_disk_bytes(path: Path) -> int:
-    """Free bytes on the disk holding `path` (or its nearest existing parent)."""
+def nearest_existing(path: Path) -> Path:
+    """`path` resolved, or its nearest parent that exists."""
     probe = path.resolve()
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
-    return shutil.disk_usage(probe).free
+    return probe
+
+
+def free_disk_bytes(path: Path) -> int:
+    """Free bytes on the disk holding `path` (or its nearest existing parent)."""
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 @dataclass(frozen=True)

@@ -62,9 +62,7 @@ def needed_bytes(draft: Path) -> int:
 def check_disk(out: Path, needed: int) -> None:
     """Room for the tuned draft where --out will be made; a place that cannot be written at
     all is said to be that, not short of space."""
-    nearest = out.expanduser().resolve().parent
-    while not nearest.exists() and nearest != nearest.parent:
-        nearest = nearest.parent
+    nearest = hub.nearest_existing(out.expanduser().parent)
     try:  # a probe, not os.access: root passes that check on read-only and pseudo filesystems
         os.rmdir(tempfile.mkdtemp(prefix=".macspec-probe-", dir=nearest))
     except OSError as exc:
