@@ -1,97 +1,33 @@
 """`macspec tune` end to end on tiny saved models: a real (seconds-long) training run that raises
 acceptance on held-out prompts, a saved draft that mlx-lm loads and that stays lossless, Ctrl-C
-mid-training, and every bad input (one line, exit 2, nothing written)."""
+mid-training, a second run reusing the answers (bad input and the verdict: test_tune_inputs.py)."""
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import io
 import json
 import os
-import random
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import mlx.nn as nn
 import pytest
-import tiny
 from losslesskit import done_of, reference
 from mlx_lm.utils import load as mlx_load
+from tunekit import (
+    MAX_TOKENS,
+    files_under,
+    run_cli,
+    tune_args,
+    tune_models_fixture,
+)
 
-from macspec.cli import main
 from macspec.engine.drafters import ModelDrafter
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import FixedPolicy
 from macspec.models.templates import encode_messages
 
-MAX_TOKENS = 16
-WORDS = "the cat dog ran sat on a mat and big red blue fox hat code def print for in if x y".split()
-
-
-def word_prompts(count: int, seed: int) -> list[str]:
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(count)]
-
-
-def write_jsonl(path: Path, prompts: list[str]) -> Path:
-    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tune-models")
-    # A target whose next token depends mostly on the current one (its blocks' outputs scaled
-    # down): what it says after a prompt can be learnt from its answers to other prompts.
-    target = tiny.near_bigram(tiny.random_model(0, scale=3.0), mix=0.02)
-    # The weak draft: one small layer of unrelated random weights (it accepts almost nothing).
-    weak = tiny.random_model(7, tiny.model_args(hidden=32, layers=1, intermediate=64))
-    quantization = {"group_size": 32, "bits": 4}
-    return {
-        "target": tiny.save_model(target, root / "target"),
-        "weak": tiny.save_model(weak, root / "weak"),
-        "quantized": tiny.save_model(
-            tiny.quantized(weak, bits=4, group_size=32), root / "quantized", quantization
-        ),
-        "shifted": tiny.save_model(weak, root / "shifted", tokenizer_shift=7),
-        "train": write_jsonl(root / "train.jsonl", word_prompts(24, seed=0)),
-        "held_out": write_jsonl(root / "held_out.jsonl", word_prompts(8, seed=1)),
-        # For the runs that check saving and stopping, not what tuning achieves: quicker.
-        "few": write_jsonl(root / "few.jsonl", word_prompts(4, seed=2)),
-        "few_held_out": write_jsonl(root / "few_held_out.jsonl", word_prompts(2, seed=3)),
-    }
-
-
-def run_cli(*args) -> tuple[int, str, str]:
-    """`macspec ...` in this process, its stdout and stderr captured (usable at module scope)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
-def tune_args(models: dict[str, Path], out: Path, draft: str, *extra, few: bool = False) -> list:
-    return [
-        "tune",
-        "--model",
-        models["target"],
-        "--draft-model",
-        models[draft],
-        "--prompts",
-        models["few" if few else "train"],
-        "--held-out",
-        models["few_held_out" if few else "held_out"],
-        "--out",
-        out,
-        "--max-tokens",
-        MAX_TOKENS,
-        "-k",
-        4,
-        *extra,
-    ]
+models = tune_models_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -210,16 +146,6 @@ def test_lora_on_a_quantized_draft_saves_it_quantized_as_it_was(models, tmp_path
     assert_lossless(models, out, few=True)
 
 
-def files_under(folder: Path) -> set[Path]:
-    """Every path under `folder` but caches: the macspec home's tokenizer fingerprints (which
-    loading any pair fills, `macspec run` as well), the target's answers (kept on purpose when
-    a run stops: the next one reuses them), and the test's TMPDIR (where MLX's CPU backend
-    keeps the kernels it compiles, the first time a test process runs one)."""
-    caches = {("home",), ("home", "tokenizers"), ("home", "tune-answers.sqlite")}
-    paths = {p.relative_to(folder) for p in folder.rglob("*")}
-    return {p for p in paths if p.parts[:2] not in caches and p.parts[0] != "tmp"}
-
-
 @pytest.mark.parametrize("stop", ["ctrl-c", "SIGTERM", "SIGHUP"])
 def test_ctrl_c_mid_training_leaves_nothing_at_out(models, tmp_path, monkeypatch, stop):
     from macspec.cli.tune import CliReporter
@@ -301,135 +227,3 @@ def test_a_second_run_reuses_the_targets_answers_and_trains_the_same(models, tmp
     (tmp_path / "home" / "tune-answers.sqlite").write_bytes(b"not a database" * 100)
     damaged = tune_into("damaged")
     assert len(generated) == 4 and "answers not cached" in damaged and "(cache:" not in damaged
-
-
-Usage = collections.namedtuple("Usage", "total used free")
-
-BAD_INPUTS = {
-    "no prompts": (["--model", "{target}", "--draft-model", "{weak}"], "no prompts"),
-    "empty file": (
-        ["--prompts", "{empty}", "--model", "{target}", "--draft-model", "{weak}"],
-        "empty",
-    ),
-    "malformed line": (
-        ["--prompts", "{malformed}", "--model", "{target}", "--draft-model", "{weak}"],
-        "malformed.jsonl:3",
-    ),
-    "another tokenizer": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{shifted}"],
-        "tokenizers differ",
-    ),
-    "out exists": (
-        [
-            "--prompts",
-            "{train}",
-            "--model",
-            "{target}",
-            "--draft-model",
-            "{weak}",
-            "--out",
-            "{existing}",
-        ],
-        "already exists and holds files that macspec tune did not write",
-    ),
-    "an earlier tuned draft at out, without --force": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--out", "{earlier}"],
-        "already exists (pass --force to replace it)",
-    ),
-    "out exists, whatever the prompts": (
-        ["--prompts", "{one}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--out", "{existing}"],
-        "already exists",
-    ),
-    "force on a folder tune did not write": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--out", "{existing}", "--force"],
-        "macspec tune did not write",
-    ),
-    "a shipped pair's name": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--register", "demo"],
-        "the shipped catalog has a pair 'demo'",
-    ),
-    "too little disk": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"],
-        "not enough disk space",
-    ),
-    "an --out that cannot be made": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--out", "{one}/drafts/out"],
-        "cannot write in",
-    ),
-    "no history": (
-        ["--from-history", "--model", "{target}", "--draft-model", "{weak}"],
-        "no stored conversations",
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_INPUTS))
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(
-    models, hf_cache, tmp_path, monkeypatch, case
-):
-    args, needle = BAD_INPUTS[case]
-    (tmp_path / "empty.jsonl").write_text("\n  \n", encoding="utf-8")
-    lines = ['{"prompt": "fine"}', "plain text is fine too", '{"prompt": "cut short']
-    (tmp_path / "malformed.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (tmp_path / "one.jsonl").write_text('{"prompt": "too few to hold one out"}\n')
-    (tmp_path / "existing").mkdir()
-    (tmp_path / "existing" / "keep.txt").write_text("mine")
-    (tmp_path / "earlier").mkdir()
-    (tmp_path / "earlier" / "tune.json").write_text("{}")
-    if case == "too little disk":
-        monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**9, 10**9 - 1000, 1000))
-    names = {k: str(v) for k, v in models.items()} | {
-        "empty": str(tmp_path / "empty.jsonl"),
-        "malformed": str(tmp_path / "malformed.jsonl"),
-        "one": str(tmp_path / "one.jsonl"),
-        "existing": str(tmp_path / "existing"),
-        "earlier": str(tmp_path / "earlier"),
-    }
-    args = [a.format(**names) for a in args]
-    if "--out" not in args:
-        args += ["--out", str(tmp_path / "out")]
-    before = files_under(tmp_path)
-    code, out, err = run_cli("tune", *args)
-    assert code == 2, err
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("macspec: error:"), err
-    assert needle in lines[0]
-    assert files_under(tmp_path) == before
-    assert (tmp_path / "existing" / "keep.txt").read_text() == "mine"
-
-
-def verdict_of(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> str:
-    """The verdict on a tuned draft whose held-out prompts took these (tokens, passes)."""
-    from macspec.tune.config import TuneResult
-    from macspec.tune.measure import Measurement
-
-    return TuneResult(
-        Path("out"),
-        Measurement(k=4, per_prompt=before),
-        Measurement(k=4, per_prompt=after),
-        1, len(before), 1, 1, "full", 1, 0.0,
-        0, 0, True,
-    ).verdict  # fmt: skip
-
-
-def test_better_means_a_gain_the_held_out_prompts_can_tell_from_chance():
-    """The demo's first tune moved tokens per pass from 2.53 to 2.54 in total: one prompt a
-    little better, the next a little worse. That is no evidence: the old draft stays."""
-    before = [(100, 40), (100, 40), (100, 40), (100, 40), (100, 40), (100, 40)]
-    mixed = [(100, 38), (100, 42), (100, 39), (100, 41), (100, 38), (100, 41)]
-    assert sum(p for _, p in mixed) < sum(p for _, p in before)  # better in total, by a hair
-    assert verdict_of(before, mixed) == "unclear"
-    steady = [(100, 35), (100, 34), (100, 36), (100, 35), (100, 33), (100, 35)]
-    assert verdict_of(before, steady) == "better"
-    assert verdict_of(steady, before) == "worse"
-    assert verdict_of(before, before) == "unclear"
-    # One held-out prompt has no spread to judge by: however large the change, it is no
-    # evidence (and registers no pair).
-    assert verdict_of(before[:1], steady[:1]) == "unclear"
-    assert verdict_of(steady[:1], before[:1]) == "unclear"
