@@ -118,7 +118,7 @@ BAD = [
     ("/chat/completions", '{"model": ', 400, None),
     ("/chat/completions", [1, 2], 400, None),
     ("/chat/completions", {"model": "tiny", "messages": []}, 400, "messages"),
-    ("/chat/completions", {"model": "t", "messages": [{"role": "tool"}]}, 400, "messages.0.role"),
+    ("/chat/completions", {"model": "t", "messages": [{"role": "robot"}]}, 400, "messages.0.role"),
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "n": 2}, 400, "n"),
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "temperature": -1}, 400, None),
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "max_tokens": 0}, 400, None),
@@ -199,10 +199,17 @@ def test_a_failing_generation_is_a_500_without_a_traceback(server, monkeypatch):
     still_answers(server)
 
 
-def test_the_api_key_is_enforced(server):
-    for key in (None, "wrong"):
-        reply = post(server, "/chat/completions", {"model": "tiny", "messages": MESSAGES}, key)
-        assert reply.status_code == 401 and reply.json()["error"]["code"] == "invalid_api_key"
+def test_the_api_key_is_enforced_and_a_missing_one_is_named_as_such(server):
+    body = {"model": "tiny", "messages": MESSAGES}
+    missing = post(server, "/chat/completions", body, None).json()["error"]
+    assert missing["code"] == "missing_api_key" and "missing API key" in missing["message"]
+    wrong = post(server, "/chat/completions", body, "wrong")
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    assert "Incorrect API key" in wrong.json()["error"]["message"]
+    by_header = httpx.post(
+        server.base_url + "/chat/completions", json=body, headers={"x-api-key": KEY}
+    )
+    assert by_header.status_code == 200  # Anthropic's clients send the key this way
     with pytest.raises(openai.AuthenticationError):
         client(server, api_key="wrong").models.list()
     still_answers(server)

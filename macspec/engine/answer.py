@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from macspec.engine.config import GenerationConfig
-from macspec.engine.events import Cycle, Done, Event, Source, Token
+from macspec.engine.events import Cycle, Done, Event, Prefill, Source, Token
 from macspec.engine.sampling import Randomness, choose_sampler
 from macspec.engine.stats import Stats
 from macspec.engine.stops import StopScanner
@@ -59,6 +59,9 @@ def generate(
     with wired_limit():  # Metal: the weights stay wired while generating
         try:
             for item in raw:
+                if isinstance(item, Prefill):
+                    yield item
+                    continue
                 if isinstance(item, Cycle):
                     stats.add_cycle(item)
                     any_requested = any_requested or item.requested > 0
@@ -114,4 +117,5 @@ def generate(
         tokens=tokens,
         sources=sources,
         stats=stats,
+        stop_string=scanner.hit if stopped_at is not None else None,
     )

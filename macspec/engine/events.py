@@ -8,7 +8,7 @@ from enum import Enum
 from macspec.engine.cycle import Cycle
 from macspec.engine.stats import Stats
 
-__all__ = ["Cycle", "Done", "Event", "Source", "Token"]
+__all__ = ["Cycle", "Done", "Event", "Prefill", "Source", "Token"]
 
 
 class Source(str, Enum):
@@ -18,6 +18,17 @@ class Source(str, Enum):
     """A drafted guess the target accepted."""
     TARGET = "target"
     """The target's own token: a correction, a bonus token, or plain decoding."""
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """How much of the prompt the caches already held: the first event, before the prompt is
+    prefilled (a server reports it before the answer, e.g. Anthropic's `message_start`)."""
+
+    prompt_tokens: int
+    """Ids in the prompt."""
+    cached_tokens: int
+    """Of those, ids the caches held already: only the rest is prefilled."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,8 @@ class Done:
     """Source of each id in tokens."""
     stats: Stats
     """Counters and derived figures for the whole generation."""
+    stop_string: str | None = None
+    """The stop string that ended the answer ('stop_string'), else None."""
 
 
-Event = Token | Cycle | Done
+Event = Prefill | Token | Cycle | Done

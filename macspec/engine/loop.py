@@ -19,7 +19,7 @@ from macspec.engine import answer
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
 from macspec.engine.config import GenerationConfig
 from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.events import Cycle, Event, Source
+from macspec.engine.events import Cycle, Event, Prefill, Source
 from macspec.engine.policy import AutoPolicy, DraftPolicy
 from macspec.engine.sampling import Randomness, SamplingParams, probabilities
 from macspec.engine.stats import Stats
@@ -95,11 +95,12 @@ class Engine:
     # -- the raw loop --------------------------------------------------------------------
     def cycles(
         self, prompt: list[int], config: GenerationConfig, rng: Randomness | None, stats: Stats
-    ) -> Iterator[Cycle | tuple[int, Source]]:
+    ) -> Iterator[Prefill | Cycle | tuple[int, Source]]:
         target, drafter, params = self.target, self.drafter, config.sampling
         started = time.perf_counter()
         pending = target.reuse(prompt)
         stats.prefilled_tokens = len(pending)
+        yield Prefill(len(prompt), len(prompt) - len(pending))
         target.prefill(pending[:-1], config.prefill_step_size)
         # Where the next chat turn can return to if its prompt differs after this one (a model
         # with recurrent layers cannot trim back to it); free for attention-only models.

@@ -13,14 +13,17 @@ class StopScanner:
         self.longest = max((len(s) for s in self.stops), default=0)
         self.released = 0
         """Characters of the text already handed out."""
+        self.hit: str | None = None
+        """The stop string that ended the text, once one did."""
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Given the whole text so far, return (newly releasable text, whether a stop was hit)."""
         if self.stops:
             start = max(0, self.released - self.longest + 1)
-            hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
+            hits = [(i, s) for s in self.stops if (i := text.find(s, start)) >= 0]
             if hits:
-                return self._release(text, min(hits)), True
+                at, self.hit = min(hits, key=lambda h: h[0])
+                return self._release(text, at), True
         held = 0
         for stop in self.stops:
             for size in range(min(len(stop) - 1, len(text)), held, -1):

@@ -47,15 +47,20 @@ def template_args(think: bool | None = None, extra_json: str | None = None) -> d
 
 
 def encode_messages(
-    tokenizer, messages: Sequence[dict[str, str]], args: dict[str, Any] | None = None
+    tokenizer,
+    messages: Sequence[dict[str, Any]],
+    args: dict[str, Any] | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Chat messages -> ids, with the generation prompt for the assistant's next turn.
 
     `args` go to the template as they do with `tokenizer.apply_chat_template` (mlx-lm's
-    `--chat-template-config`), e.g. {"enable_thinking": False}.
+    `--chat-template-config`), e.g. {"enable_thinking": False}; `tools` (OpenAI's function
+    shape) are rendered by the template itself, as the model was trained to read them.
     """
+    extra = {"tools": list(tools)} if tools else {}
     ids = tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=True, tokenize=True, **(args or {})
+        list(messages), add_generation_prompt=True, tokenize=True, **extra, **(args or {})
     )
     if isinstance(ids, dict) or hasattr(ids, "keys"):
         ids = ids["input_ids"]

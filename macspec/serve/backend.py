@@ -6,6 +6,7 @@ APIError (400, or 413 for a prompt the context cannot hold) before they reach th
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -13,14 +14,19 @@ from typing import TYPE_CHECKING, Any
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.sampling import SamplingParams
 from macspec.errors import MacspecError
+from macspec.models.answer_stream import AnswerStream
 from macspec.models.reasoning import reasoning_start
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
+from macspec.models.tools import HARMONY, ToolFormat, template_messages, tool_format
 from macspec.serve.errors import APIError
-from macspec.serve.schema import ChatCompletionRequest, CompletionRequest, Request
+from macspec.serve.schema import CompletionRequest
+from macspec.serve.turn import ChatTurn
 from macspec.serve.worker import Worker
 
 if TYPE_CHECKING:
     from macspec.serve.ranks import Leader
+
+log = logging.getLogger("macspec.serve")
 
 
 @dataclass
@@ -45,6 +51,18 @@ class Prepared:
     config: GenerationConfig
     reasoning_start: bool | None
     """How the answer starts: inside a <think> block, outside; None: no think tags."""
+    tool_format: ToolFormat | None = None
+    """The model's tool-call format, when the answer is parsed for calls (else None)."""
+    tools: list[dict[str, Any]] | None = None
+    """The request's tools, for the parsers that read their schemas."""
+    forced: str = ""
+    """Text the prompt ends with to open a call (tool_choice 'required' or a named one)."""
+    parallel_tool_calls: bool = True
+
+    def answer_stream(self) -> AnswerStream:
+        """A fresh parser for this request's answer: reasoning, text and tool calls apart."""
+        tools = self.tools if self.tool_format is not None else None
+        return AnswerStream(self.reasoning_start, self.tool_format, tools, self.forced)
 
 
 class Backend:
@@ -62,6 +80,7 @@ class Backend:
         max_queue: int = 32,
         prompt_cache_size: int = 4,
         leader: Leader | None = None,
+        any_model: bool = False,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -78,36 +97,100 @@ class Backend:
         """Ids a /v1/completions prompt may hold."""
         self._tokenizer_lock = threading.Lock()
         """Encoding runs on request threads; one at a time (the worker only decodes)."""
+        self.tool_format = tool_format(tokenizer)
+        """How the model writes tool calls; None: it cannot call tools."""
+        self.any_model = any_model
+        """Answer every model id with this pair (agents send their own ids)."""
+        self._seen_ids: set[str] = set()
 
     def check_model(self, name: str) -> None:
-        if name not in self.aliases:
-            raise APIError(
-                404,
-                f"The model '{name}' does not exist; this server serves '{self.model_id}'",
-                "model",
-                "model_not_found",
-            )
+        if name in self.aliases:
+            return
+        if self.any_model:
+            if name not in self._seen_ids:  # once per id: agents send one with every request
+                self._seen_ids.add(name)
+                log.info("model '%s' requested: answered by %s (--any-model)", name, self.model_id)
+            return
+        raise APIError(
+            404,
+            f"The model '{name}' does not exist; this server serves '{self.model_id}' "
+            "(--any-model answers every id)",
+            "model",
+            "model_not_found",
+        )
 
     # -- requests to prompts -------------------------------------------------------------
-    def prepare_chat(self, request: ChatCompletionRequest) -> Prepared:
-        messages = [m.as_template_message() for m in request.messages]
-        args = {**self.defaults.template_args, **(request.chat_template_kwargs or {})}
+    def prepare_turn(self, turn: ChatTurn) -> Prepared:
+        """A chat request of any protocol -> prompt ids (the model's own template, tools
+        included) and the generation's settings; a 400 for what cannot be honoured."""
+        prompt, start, fmt, forced = self.render_turn(turn)
+        stops = turn.stop
+        if fmt is not None and not turn.parallel_tool_calls and fmt.end:
+            stops = (*stops, fmt.end)  # one call: the answer ends where it does
+        config = self._config(turn, len(prompt), stops)
+        tools = turn.tools if fmt is not None else None
+        return Prepared(prompt, config, start, fmt, tools, forced, turn.parallel_tool_calls)
+
+    def render_turn(self, turn: ChatTurn) -> tuple[list[int], bool | None, ToolFormat | None, str]:
+        """(prompt ids, reasoning start, the tool format calls are parsed with, the forced
+        opening of a call) for a conversation."""
+        fmt = self._check_tools(turn)
+        args = {**self.defaults.template_args, **turn.template_args}
+        tools = turn.tools if turn.tool_choice.mode != "none" else None
         with self._tokenizer_lock:
-            if not has_chat_template(self.tokenizer):
-                raise APIError(
-                    400,
-                    "this model has no chat template: use /v1/completions",
-                    "messages",
-                )
-            try:
-                prompt = encode_messages(self.tokenizer, messages, args)
-            except Exception as exc:  # the template's own checks (roles, alternation)
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                raise APIError(
-                    400, f"the chat template refused the messages: {reason}", "messages"
-                ) from None
+            prompt = self._render(turn, args, tools)
             start = reasoning_start(self.tokenizer, prompt)
-        return Prepared(prompt, self._config(request, len(prompt)), start)
+            forced = ""
+            if fmt is not None and turn.tool_choice.mode in ("required", "function"):
+                forced = fmt.opening(turn.tool_choice.name)
+                # A prompt that opens the reasoning closes it first: the answer is the call.
+                close = "\n</think>\n\n" if start and fmt is not HARMONY else ""
+                prompt += self.tokenizer.encode(close + forced, add_special_tokens=False)
+                start = False if close else start
+        return prompt, start, fmt, forced
+
+    def count_tokens(self, turn: ChatTurn) -> int:
+        """Ids a request with this conversation would put in the prompt (however long)."""
+        return len(self.render_turn(turn)[0])
+
+    def _check_tools(self, turn: ChatTurn) -> ToolFormat | None:
+        """The tool format the answer is parsed with (None: none); a 400 for tools this model
+        cannot call, or a tool_choice naming a tool the request does not have."""
+        if not turn.calls_tools:
+            return None
+        if self.tool_format is None:
+            raise APIError(
+                400,
+                f"{self.model_id} has no tool-call format macspec can parse (its chat template "
+                "names none that mlx-lm knows): send the request without tools",
+                "tools",
+            )
+        name = turn.tool_choice.name
+        names = {(t.get("function") or {}).get("name") for t in turn.tools}
+        if turn.tool_choice.mode == "function" and name not in names:
+            raise APIError(400, f"tool_choice names '{name}', which is not in tools", "tool_choice")
+        return self.tool_format
+
+    def _render(self, turn: ChatTurn, args: dict, tools: list | None) -> list[int]:
+        if not has_chat_template(self.tokenizer):
+            raise APIError(
+                400, "this model has no chat template: use /v1/completions", turn.field_prefix
+            )
+        messages = template_messages(self.tokenizer, turn.messages)
+        try:
+            return encode_messages(self.tokenizer, messages, args, tools)
+        except Exception as first:  # the template's own checks (roles, alternation)
+            merged = merge_system_messages(messages)
+            if merged != messages:  # a system message mid-conversation: at the front instead
+                try:
+                    return encode_messages(self.tokenizer, merged, args, tools)
+                except Exception:
+                    pass
+            text = str(first).strip()
+            reason = text.splitlines()[0] if text else repr(first)
+            raise APIError(
+                400, f"the chat template refused the messages: {reason}", turn.field_prefix
+            ) from None
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         prompt = request.single_prompt()
@@ -119,38 +202,62 @@ class Backend:
             if any(not 0 <= i < vocab for i in prompt):
                 raise APIError(400, f"token ids must be in 0..{vocab - 1}", "prompt")
             ids = list(prompt)
-        return Prepared(ids, self._config(request, len(ids)), None)
-
-    def _config(self, request: Request, prompt_tokens: int) -> GenerationConfig:
         problem = request.unsupported()
         if problem is not None:
             raise problem
-        wanted = request.token_limit()
+        settings = ChatTurn(
+            messages=[],
+            temperature=request.temperature,
+            top_p=request.top_p,
+            top_k=request.top_k,
+            min_p=request.min_p,
+            max_tokens=request.token_limit(),
+            stop=request.stop_strings(),
+            seed=request.seed,
+            field_prefix="prompt",
+        )
+        return Prepared(ids, self._config(settings, len(ids), settings.stop), None)
+
+    def _config(self, turn: ChatTurn, prompt_tokens: int, stops: tuple[str, ...]):
+        wanted = turn.max_tokens
         max_tokens = wanted if wanted is not None else self.defaults.max_tokens
-        if self.context_length is not None:
-            room = self.context_length - prompt_tokens
-            if room < 1:
-                raise APIError(
-                    413,
-                    f"the prompt is {prompt_tokens} tokens and the model's context holds "
-                    f"{self.context_length}: shorten it",
-                    "messages" if isinstance(request, ChatCompletionRequest) else "prompt",
-                    "context_length_exceeded",
-                )
-            max_tokens = min(max_tokens, room)
+        if self.context_length is not None and self.context_length - prompt_tokens < 1:
+            raise APIError(
+                413,
+                f"prompt is too long: {prompt_tokens} tokens > {self.context_length - 1} "
+                f"maximum (the model's context holds {self.context_length}): shorten it",
+                turn.field_prefix,
+                "context_length_exceeded",
+            )
         d = self.defaults
         try:
             sampling = SamplingParams(
-                temperature=d.temperature if request.temperature is None else request.temperature,
-                top_p=d.top_p if request.top_p is None else request.top_p,
-                top_k=d.top_k if request.top_k is None else request.top_k,
-                min_p=d.min_p if request.min_p is None else request.min_p,
+                temperature=d.temperature if turn.temperature is None else turn.temperature,
+                top_p=d.top_p if turn.top_p is None else turn.top_p,
+                top_k=d.top_k if turn.top_k is None else turn.top_k,
+                min_p=d.min_p if turn.min_p is None else turn.min_p,
             )
+            # The engine cuts max_tokens to the room the context leaves, and then says the
+            # answer ended at the 'context', not at 'length'.
             return GenerationConfig(
                 max_tokens=max_tokens,
                 sampling=sampling,
-                stop_strings=request.stop_strings(),
-                seed=request.seed,
+                stop_strings=stops,
+                seed=turn.seed,
+                context_length=self.context_length,
             )
         except MacspecError as exc:  # the schema checks ranges; this is a safety net
             raise APIError(400, str(exc)) from None
+
+
+def merge_system_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every system message's text in one system message at the front (for templates that
+    accept a system message only there; agents send them mid-conversation too)."""
+    system = [m for m in messages if m.get("role") == "system"]
+    if not system:
+        return messages
+    text = "\n\n".join(str(m.get("content") or "") for m in system)
+    return [
+        {"role": "system", "content": text},
+        *(m for m in messages if m.get("role") != "system"),
+    ]

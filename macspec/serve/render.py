@@ -1,9 +1,11 @@
-"""Engine events rendered as OpenAI responses: whole objects, and stream chunks as OpenAI
-sends them (a first chunk with the role, content deltas, a last chunk with the finish reason,
-then, with `stream_options.include_usage`, a chunk with `usage` and no choices).
+"""Engine events rendered as OpenAI chat completions (and legacy completions): whole objects,
+and stream chunks as OpenAI sends them (a first chunk with the role, content deltas, tool-call
+deltas, a last chunk with the finish reason, then, with `stream_options.include_usage`, a chunk
+with `usage` and no choices).
 
-A thinking model's reasoning goes to `reasoning_content`, its answer to `content`.
-Every response also carries a `macspec` object: the speculation figures of the generation.
+A thinking model's reasoning goes to `reasoning_content`, its answer to `content`, its tool
+calls to `tool_calls` (`finish_reason: "tool_calls"`). Every response also carries a `macspec`
+object: the speculation figures of the generation.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from macspec.engine.events import Done
-from macspec.models.reasoning import ReasoningSplitter, Split
+from macspec.engine.events import Done, Prefill, Token
+from macspec.engine.stats import sources_line
+from macspec.models.answer_stream import AnswerStream, Call, Piece, Reasoning
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,13 @@ def sse(payload: dict[str, Any] | str) -> str:
     return f"data: {data}\n\n"
 
 
-def finish_reason(done: Done) -> str:
+def finish_reason(done: Done, called: bool = False) -> str:
     """OpenAI's finish reason: 'length' at max_tokens or the context window (as OpenAI's API
-    says both), 'stop' at EOS or a stop string. The `macspec` object tells the two apart."""
-    return "length" if done.finish_reason in ("length", "context") else "stop"
+    says both), 'tool_calls' when the answer called tools, 'stop' at EOS or a stop string.
+    The `macspec` object tells 'length' and 'context' apart."""
+    if done.finish_reason in ("length", "context"):
+        return "length"
+    return "tool_calls" if called else "stop"
 
 
 def usage(meta: Meta, done: Done) -> dict[str, Any]:
@@ -67,6 +73,11 @@ def figures(meta: Meta, done: Done, queued_s: float = 0.0) -> dict[str, Any]:
     stats = done.stats
     return {
         "draft": meta.draft,
+        "by_source": {
+            name: {"proposed": proposed, "accepted": accepted}
+            for name, (proposed, accepted) in stats.by_source.items()
+        },
+        "by_source_line": sources_line(stats.by_source),
         "k": meta.k,
         "acceptance": stats.acceptance_rate,
         "tokens_per_pass": stats.tokens_per_pass,
@@ -82,42 +93,67 @@ def figures(meta: Meta, done: Done, queued_s: float = 0.0) -> dict[str, Any]:
 
 
 class Renderer:
-    """Turns one generation's text into chunks and a final response; `kind` says which API."""
+    """One generation as OpenAI chat completion chunks and response (`chat`), or as a legacy
+    text completion's (no reasoning, no tools)."""
 
-    def __init__(self, meta: Meta, chat: bool, reasoning_start: bool | None = None):
+    def __init__(self, meta: Meta, chat: bool, answer: AnswerStream | None = None):
         self.meta = meta
         self.chat = chat
-        self.splitter = ReasoningSplitter(reasoning_start) if reasoning_start is not None else None
+        self.answer = answer if answer is not None and chat else AnswerStream()
         self.object = "chat.completion" if chat else "text_completion"
+        self.calls_sent = 0
 
     # -- streaming -------------------------------------------------------------------------
-    def first(self) -> list[dict[str, Any]]:
+    def opening(self) -> list[str]:
         """The chunk that opens a chat stream (OpenAI sends the role first)."""
-        return [self._chunk({"role": "assistant", "content": ""})] if self.chat else []
+        return [sse(self._chunk({"role": "assistant", "content": ""}))] if self.chat else []
 
-    def delta(self, text: str) -> list[dict[str, Any]]:
-        """Chunks for a text delta (none while text is held back)."""
-        split = self.splitter.feed(text) if self.splitter is not None else Split(answer=text)
-        return self._split_chunks(split)
+    def prefilled(self, event: Prefill) -> list[str]:
+        return []
 
-    def last(self, done: Done, queued_s: float) -> list[dict[str, Any]]:
+    def token(self, event: Token) -> list[str]:
+        return [sse(c) for c in self._piece_chunks(self.answer.feed(event.text))]
+
+    def closing(self, done: Done, queued_s: float) -> list[str]:
         """Text held back until the end, the finish chunk with the figures, the usage chunk."""
-        chunks = self.delta(done.tail)
-        if self.splitter is not None:
-            chunks += self._split_chunks(self.splitter.flush())
-        end = self._chunk({} if self.chat else "", finish_reason(done))
+        chunks = self._piece_chunks(self.answer.feed(done.tail) + self.answer.finish())
+        end = self._chunk({} if self.chat else "", finish_reason(done, bool(self.answer.calls)))
         end["macspec"] = figures(self.meta, done, queued_s)
         chunks.append(end)
         if self.meta.include_usage:
             chunks.append({**self._envelope(), "choices": [], "usage": usage(self.meta, done)})
-        return chunks
+        return [*(sse(c) for c in chunks), sse("[DONE]")]
 
-    def _split_chunks(self, split: Split) -> list[dict[str, Any]]:
+    def keepalive(self) -> str:
+        return ": keep-alive\n\n"
+
+    def failed(self, message: str) -> list[str]:
+        from macspec.serve.errors import error_body
+
+        return [sse(error_body(500, message))]
+
+    def summary(self) -> str:
+        calls = len(self.answer.calls)
+        return f"{calls} tool call{'s' if calls != 1 else ''}" if calls else ""
+
+    def _piece_chunks(self, pieces: list[Piece]) -> list[dict[str, Any]]:
         chunks = []
-        if split.reasoning:
-            chunks.append(self._chunk({"reasoning_content": split.reasoning}))
-        if split.answer:
-            chunks.append(self._chunk({"content": split.answer} if self.chat else split.answer))
+        for piece in pieces:
+            if isinstance(piece, Reasoning):
+                chunks.append(self._chunk({"reasoning_content": piece.text}))
+            elif isinstance(piece, Call):
+                # OpenAI's order: the id and name first, then the arguments (in one fragment).
+                index, call = self.calls_sent, piece.call
+                self.calls_sent += 1
+                function = {"name": call.name, "arguments": ""}
+                opened = {"index": index, "id": call_id(call.id), "type": "function"}
+                chunks.append(self._chunk({"tool_calls": [{**opened, "function": function}]}))
+                arguments = {"index": index, "function": {"arguments": call.arguments_json}}
+                chunks.append(self._chunk({"tool_calls": [arguments]}))
+            elif self.chat:
+                chunks.append(self._chunk({"content": piece.text}))
+            else:
+                chunks.append(self._chunk(piece.text))
         return chunks
 
     def _envelope(self) -> dict[str, Any]:
@@ -139,23 +175,34 @@ class Renderer:
             chunk["usage"] = None
         return chunk
 
+    def absorb(self, event: Token) -> None:
+        self.answer.feed(event.text)
+
     # -- whole responses -------------------------------------------------------------------
-    def response(self, done: Done, queued_s: float) -> dict[str, Any]:
+    def whole(self, done: Done, queued_s: float) -> dict[str, Any]:
         """The non-streamed response object."""
-        text = done.text
-        reasoning = None
-        if self.splitter is not None:
-            self.splitter.feed(text)
-            self.splitter.flush()
-            text, reasoning = self.splitter.answer, self.splitter.reasoning.rstrip("\n") or None
+        answer = self.answer
+        answer.feed(done.tail)
+        answer.finish()
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
-            if reasoning is not None:
-                message["reasoning_content"] = reasoning
+            calls = [
+                {
+                    "id": call_id(c.id),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_json},
+                }
+                for c in answer.calls
+            ]
+            content = answer.text if answer.text or not calls else None
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            if answer.reasoning:
+                message["reasoning_content"] = answer.reasoning.rstrip("\n")
             choice = {"index": 0, "message": message}
         else:
-            choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=finish_reason(done))
+            choice = {"index": 0, "text": answer.text}
+        choice.update(logprobs=None, finish_reason=finish_reason(done, bool(answer.calls)))
         return {
             **self._envelope(),
             "object": self.object,
@@ -163,3 +210,8 @@ class Renderer:
             "usage": usage(self.meta, done),
             "macspec": figures(self.meta, done, queued_s),
         }
+
+
+def call_id(raw: str) -> str:
+    """OpenAI's shape of a call id."""
+    return raw if raw.startswith("call_") else f"call_{raw}"

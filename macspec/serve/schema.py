@@ -1,7 +1,7 @@
 """Request bodies, mirroring OpenAI's schema field for field (as vLLM's entrypoint does).
 
 Pydantic checks types and ranges, so a malformed request gets a 400 naming the field.
-Fields OpenAI has and macspec cannot honour (n > 1, logprobs, tools, penalties) are a 400 too,
+Fields OpenAI has and macspec cannot honour (n > 1, logprobs, penalties) are a 400 too,
 from `unsupported()`, rather than silently ignored; fields this schema does not know are
 ignored, as OpenAI-compatible servers do (clients send vendor extras).
 `top_k`, `min_p` and `chat_template_kwargs` are the common extensions (vLLM, mlx-lm).
@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from macspec.serve.errors import APIError
+from macspec.serve.turn import ChatTurn, ToolChoice
 
 MAX_STOPS = 16
 
@@ -76,12 +77,34 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+    """A JSON string, as OpenAI sends it (an object is taken too)."""
+
+
+class ToolCallIn(BaseModel):
+    """An assistant's earlier call, in the history."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    """An assistant's earlier reasoning, as this server sends it (and some clients return)."""
 
     @model_validator(mode="after")
     def _content_given(self) -> ChatMessage:
@@ -90,13 +113,59 @@ class ChatMessage(BaseModel):
             raise ValueError(f"a {self.role} message needs content")
         return self
 
-    def as_template_message(self) -> dict[str, str]:
-        """{'role', 'content'} for the chat template ('developer' is OpenAI's new 'system')."""
+    def as_template_message(self) -> dict[str, Any]:
+        """The message for the chat template ('developer' is OpenAI's new 'system')."""
         content = self.content or ""
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content}
+        message: dict[str, Any] = {"role": role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": c.function.model_dump()}
+                for c in self.tool_calls
+            ]
+        if self.role == "tool":
+            message["tool_call_id"] = self.tool_call_id
+            if self.name:
+                message["name"] = self.name
+        if self.reasoning_content:
+            message["reasoning"] = self.reasoning_content
+        return message
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionSpec
+
+    def for_template(self) -> dict[str, Any]:
+        spec = self.function.model_dump(exclude_none=True, exclude={"strict"})
+        spec.setdefault("parameters", {"type": "object", "properties": {}})
+        return {"type": "function", "function": spec}
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(Request):
@@ -106,7 +175,9 @@ class ChatCompletionRequest(Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra chat template arguments, e.g. {"enable_thinking": false}."""
@@ -117,9 +188,35 @@ class ChatCompletionRequest(Request):
     def unsupported(self) -> APIError | None:
         if self.logprobs or self.top_logprobs:
             return APIError(400, "logprobs are not supported", "logprobs")
-        if self.tools or self.functions:
-            return APIError(400, "tools and function calling are not supported", "tools")
+        if self.functions:
+            return APIError(
+                400, "the legacy 'functions' are not supported: send 'tools'", "functions"
+            )
         return super().unsupported()
+
+    def to_turn(self) -> ChatTurn:
+        problem = self.unsupported()
+        if problem is not None:
+            raise problem
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            tool_choice = ToolChoice("function", choice.function.name)
+        else:
+            tool_choice = ToolChoice(choice or "auto")
+        return ChatTurn(
+            messages=[m.as_template_message() for m in self.messages],
+            tools=[t.for_template() for t in self.tools or []],
+            tool_choice=tool_choice,
+            parallel_tool_calls=self.parallel_tool_calls is not False,
+            template_args=dict(self.chat_template_kwargs or {}),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            max_tokens=self.token_limit(),
+            stop=self.stop_strings(),
+            seed=self.seed,
+        )
 
 
 class CompletionRequest(Request):
