@@ -46,6 +46,14 @@ def serve(
             help="Conversations whose caches are kept besides the latest one (0: only that).",
         ),
     ] = 4,
+    any_model: Annotated[
+        bool,
+        typer.Option(
+            "--any-model",
+            help="Answer every model id with the served pair (agents send their own ids); "
+            "each new id is logged once. Without it an unknown id is a 404.",
+        ),
+    ] = False,
     temp: opt.Temp = 0.0,
     top_p: opt.TopP = 1.0,
     top_k: opt.TopK = 0,
@@ -61,8 +69,10 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible API, with speculative decoding.
 
-    Routes: /v1/chat/completions, /v1/completions, /v1/models, /health. One generation at a
-    time; requests wait in a bounded queue.
+    Routes: /v1/chat/completions and /v1/completions (OpenAI), /v1/responses (OpenAI's
+    Responses API, Codex CLI), /v1/messages and /v1/messages/count_tokens (Anthropic's
+    Messages API, Claude Code), /v1/models, /health. Tool calls are rendered and parsed in the
+    model's own format. One generation at a time; requests wait in a bounded queue.
 
     Sampling flags are the defaults for requests that leave them out.
 
@@ -78,6 +88,10 @@ def serve(
     from macspec.serve.server import check_host
 
     check_host(host, api_key, insecure)
+    if draft is None and not no_draft and num_draft_tokens is None:
+        # Agents resend the conversation (tool results, files read back): lookup over it beside
+        # the pair's drafters, whichever measures fastest on this machine, cycle by cycle.
+        draft = "auto"
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if max_queue < 0 or prompt_cache < 0:
@@ -95,7 +109,7 @@ def serve(
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
         served = serve_models(
             resolved, (num_draft_tokens, no_draft, draft), where, defaults,
-            (host, port, api_key, max_queue, prompt_cache),
+            (host, port, api_key, max_queue, prompt_cache, any_model),
         )  # fmt: skip
     if served is not None:
         fail(f"{served}")
@@ -111,12 +125,20 @@ def serve_models(
     from macspec.chat.pairs import open_models
     from macspec.serve.backend import Backend
     from macspec.serve.ranks import Leader, follow
-    from macspec.serve.server import run_server
+    from macspec.serve.server import bind, run_server
 
-    host, port, api_key, max_queue, prompt_cache = listen
+    host, port, api_key, max_queue, prompt_cache, any_model = listen
     num_draft_tokens, no_draft, draft = draft_args
+    serving = not where or where["group"].rank() == 0
+    # The port first: a taken one is said at once, not after minutes of loading a big model.
+    sock = bind(host, port) if serving else None
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
-    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, **where)
+    try:
+        loaded = open_models(resolved, num_draft_tokens, no_draft, draft, **where)
+    except BaseException:
+        if sock is not None:
+            sock.close()
+        raise
     engine = loaded.engine
     leader = None
     if where:
@@ -144,6 +166,7 @@ def serve_models(
         max_queue=max_queue,
         prompt_cache_size=prompt_cache,
         leader=leader,
+        any_model=any_model,
     )
     drafter = engine.drafter.name if engine.drafter is not None else "none"
     spread = f", target sharded over {where['group'].size()} ranks" if where else ""
@@ -155,7 +178,7 @@ def serve_models(
             flush=True,
         )
 
-    run_server(backend, host, port, api_key, announce)
+    run_server(backend, sock, host, api_key, announce)
     fatal = backend.worker.fatal
     if leader is not None and fatal is None:
         fatal = leader.stop()

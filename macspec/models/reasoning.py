@@ -59,6 +59,11 @@ class ReasoningSplitter:
         self.answer = ""
         """All answer text so far."""
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the text so far ends inside the reasoning block."""
+        return self._state == "reasoning"
+
     def feed(self, delta: str) -> Split:
         text, self._held = self._held + delta, ""
         reasoning = answer = ""

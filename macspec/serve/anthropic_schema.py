@@ -78,14 +78,18 @@ class CountRequest(BaseModel):
         if choice.type == "tool" and not choice.name:
             raise APIError(400, "tool_choice of type 'tool' needs a name", "tool_choice.name")
         args: dict[str, Any] = {}
+        budget = None
         if self.thinking is not None and self.thinking.type != "adaptive":
             args["enable_thinking"] = self.thinking.type == "enabled"
+            if self.thinking.type == "enabled":
+                budget = self.thinking.budget_tokens
         return ChatTurn(
             messages=messages,
             tools=[t for t in (function_tool(spec) for spec in self.tools or []) if t],
             tool_choice=ToolChoice(mode[choice.type], choice.name),
             parallel_tool_calls=not choice.disable_parallel_tool_use,
             template_args=args,
+            thinking_budget=budget,
             **settings,
         )
 

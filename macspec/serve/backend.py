@@ -18,6 +18,7 @@ from macspec.models.answer_stream import AnswerStream
 from macspec.models.reasoning import reasoning_start
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
 from macspec.models.tools import HARMONY, ToolFormat, template_messages, tool_format
+from macspec.serve.budget import ThinkingBudget
 from macspec.serve.errors import APIError
 from macspec.serve.schema import CompletionRequest
 from macspec.serve.turn import ChatTurn
@@ -58,6 +59,8 @@ class Prepared:
     forced: str = ""
     """Text the prompt ends with to open a call (tool_choice 'required' or a named one)."""
     parallel_tool_calls: bool = True
+    thinking_budget: ThinkingBudget | None = None
+    """At most this much reasoning (a model with think tags, when the request set one)."""
 
     def answer_stream(self) -> AnswerStream:
         """A fresh parser for this request's answer: reasoning, text and tool calls apart."""
@@ -129,7 +132,10 @@ class Backend:
             stops = (*stops, fmt.end)  # one call: the answer ends where it does
         config = self._config(turn, len(prompt), stops)
         tools = turn.tools if fmt is not None else None
-        return Prepared(prompt, config, start, fmt, tools, forced, turn.parallel_tool_calls)
+        budget = None
+        if turn.thinking_budget is not None and start is not None and not forced:
+            budget = ThinkingBudget(turn.thinking_budget, inside=start)
+        return Prepared(prompt, config, start, fmt, tools, forced, turn.parallel_tool_calls, budget)
 
     def render_turn(self, turn: ChatTurn) -> tuple[list[int], bool | None, ToolFormat | None, str]:
         """(prompt ids, reasoning start, the tool format calls are parsed with, the forced

@@ -73,12 +73,14 @@ async def answer(
 ):
     """Queue the generation; stream its events or wait for the whole response."""
     job = Job(prepared.prompt, prepared.config, asyncio.get_running_loop())
+    job.budget = prepared.thinking_budget
     try:
         backend.worker.submit(job)
     except QueueFull as exc:
-        raise APIError(
-            429, f"the server is busy ({exc}); retry later", None, "queue_full"
-        ) from None
+        if backend.worker.stopping:  # Anthropic's clients read 529 as "overloaded, retry"
+            raise APIError(503, f"{exc}; retry later", None, "shutting_down") from None
+        raise APIError(429, f"the server is busy: {exc}; retry later", None, "queue_full") from None
+
     if stream:
         return StreamingResponse(
             stream_events(request, backend, job, renderer, len(prepared.prompt)),

@@ -28,7 +28,7 @@ from macspec.serve.bodies import parse
 from macspec.serve.errors import APIError, error_body
 from macspec.serve.jobs import answer
 from macspec.serve.render import figures, new_meta
-from macspec.serve.responses_schema import ResponsesRequest
+from macspec.serve.responses_schema import ResponsesRequest, namespaces
 
 KEPT_RESPONSES = 32
 """Responses kept in memory for `previous_response_id`."""
@@ -80,6 +80,7 @@ class ResponseRenderer:
         """The kind of the item being streamed ('reasoning', 'message'), if any."""
         self.on_done = None
         """Called with the finished output items (the server keeps the conversation)."""
+        self.namespaces = namespaces(body.tools)
 
     def response(self, status: str, done: Done | None = None) -> dict[str, Any]:
         body = self.body
@@ -265,10 +266,9 @@ class ResponseRenderer:
             self._event("response.output_item.done", output_index=index, item=_copy(item)),
         ]
 
-    @staticmethod
-    def _call_item(piece: Call) -> dict[str, Any]:
+    def _call_item(self, piece: Call) -> dict[str, Any]:
         call = piece.call
-        return {
+        item = {
             "type": "function_call",
             "id": new_id("fc"),
             "call_id": f"call_{call.id}",
@@ -276,6 +276,9 @@ class ResponseRenderer:
             "arguments": call.arguments_json,
             "status": "completed",
         }
+        if call.name in self.namespaces:
+            item["namespace"] = self.namespaces[call.name]
+        return item
 
     def absorb(self, event: Token) -> None:
         self.answer.feed(event.text)

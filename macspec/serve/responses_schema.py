@@ -59,9 +59,10 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
 
     def function_tools(self) -> list[dict[str, Any]]:
-        """The function tools, in the chat templates' shape."""
+        """The function tools, in the chat templates' shape; a `namespace` tool's functions
+        among them (Codex groups some that way)."""
         tools = []
-        for tool in self.tools or []:
+        for tool in flat_tools(self.tools or []):
             if tool.get("type") != "function" or not tool.get("name"):
                 log.info("tool of type '%s' is not a function: not offered", tool.get("type"))
                 continue
@@ -105,6 +106,23 @@ class ResponsesRequest(BaseModel):
             max_tokens=self.max_output_tokens,
             field_prefix="input",
         )
+
+
+def flat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools with each namespace's functions in its place, each marked with its namespace."""
+    flat = []
+    for tool in tools:
+        if tool.get("type") == "namespace":
+            inner = tool.get("tools") or []
+            flat += [{**t, "namespace": tool.get("name")} for t in inner if isinstance(t, dict)]
+        else:
+            flat.append(tool)
+    return flat
+
+
+def namespaces(tools: list[dict[str, Any]] | None) -> dict[str, str]:
+    """Function name -> the namespace it was offered in (Responses names it in the call)."""
+    return {t["name"]: t["namespace"] for t in flat_tools(tools or []) if t.get("namespace")}
 
 
 def part_text(content: Any, where: str) -> str:

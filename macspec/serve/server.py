@@ -88,10 +88,12 @@ def _stopped(_signum, _frame) -> None:
     raise _Stopped()
 
 
-def run_server(backend: Backend, host: str, port: int, api_key: str | None, announce=print) -> None:
-    """Serve until Ctrl-C or SIGTERM, then drain: uvicorn stops accepting connections and
+def run_server(
+    backend: Backend, sock: socket.socket, host: str, api_key: str | None, announce=print
+) -> None:
+    """Serve on `sock` (bound by `bind` before the model loaded, so a taken port is known
+    at once) until Ctrl-C or SIGTERM, then drain: uvicorn stops accepting connections and
     waits for the requests in flight (and queued) to finish, up to DRAIN_S."""
-    sock = bind(host, port)
     setup_logging()
     server = make_server(backend, api_key)
     # A worker that can no longer generate (a lost rank) stops the server as Ctrl-C would,

@@ -47,6 +47,8 @@ class ChatTurn:
     """None: the server's default. Clamped to the room the context window leaves."""
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    thinking_budget: int | None = None
+    """Most tokens of reasoning before the answer (None: no limit)."""
     field_prefix: str = "messages"
     """The request's field holding the conversation, for error messages ('input' in Responses)."""
 

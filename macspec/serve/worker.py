@@ -21,6 +21,7 @@ from macspec.engine.distributed import Diverged, PeerLost
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.streams import release_streams
+from macspec.serve.budget import ThinkingBudget, budgeted
 from macspec.serve.prompt_cache import PromptCache
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class Job:
     """When the worker began it (after waiting in the queue)."""
     done: Done | None = None
     """The engine's last event, once it came (set on the worker thread)."""
+    budget: ThinkingBudget | None = None
+    """At most this much reasoning, then the answer (Anthropic's thinking budget)."""
 
     def cancelled(self) -> bool:
         return self.cancel_flag.is_set()
@@ -104,8 +107,14 @@ class Worker:
         with self._lock:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            if len(self._waiting) + (self._running is not None) > self.max_queue:
-                raise QueueFull(f"{len(self._waiting)} requests are already waiting")
+            ahead = len(self._waiting) + (self._running is not None)
+            if ahead > self.max_queue:
+                # One of those ahead generates (or is about to); the others wait.
+                waiting = ahead - 1
+                raise QueueFull(
+                    f"the queue is full: 1 request generating, {waiting} waiting "
+                    f"(--max-queue {self.max_queue})"
+                )
             self._waiting.append(job)
             self._lock.notify()
 
@@ -119,6 +128,10 @@ class Worker:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
 
     @property
     def busy(self) -> bool:
@@ -162,6 +175,22 @@ class Worker:
             if self.fatal is None:
                 release_streams()
 
+    def _events(self, job: Job):
+        """The engine's events for a job (two generations with a thinking budget spent)."""
+
+        def generate(prompt, config, cancelled):
+            if self.leader is not None:
+                self.leader.announce(prompt, config)
+            return self.engine.generate(prompt, config, cancelled=cancelled)
+
+        if job.budget is None:
+            return generate(job.prompt, job.config, job.cancelled)
+
+        def encode(text: str) -> list[int]:
+            return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
+
+        return budgeted(generate, encode, job.prompt, job.config, job.budget, job.cancelled)
+
     def _generate(self, job: Job) -> None:
         job.started_at = time.perf_counter()
         if job.cancelled():  # its client left as it reached the front of the queue
@@ -170,10 +199,8 @@ class Worker:
             job.post(Failed(self.fatal))
             return
         try:
-            if self.leader is not None:
-                self.leader.announce(job.prompt, job.config)
             self.prompt_cache.prepare(job.prompt)
-            for event in self.engine.generate(job.prompt, job.config, cancelled=job.cancelled):
+            for event in self._events(job):
                 if isinstance(event, Cycle):
                     continue
                 if isinstance(event, Done):
