@@ -190,7 +190,8 @@ def test_a_forced_opening_is_continued_by_the_answer():
     stream.feed('{"city": "Nice"}}\n</tool_call>')
     stream.finish()
     assert stream.text == "" and stream.calls[0].arguments == {"city": "Nice"}
-    assert HARMONY.opening("ls") == "<|channel|>commentary to=functions.ls <|constrain|>json<|message|>"
+    harmony = "<|channel|>commentary to=functions.ls <|constrain|>json<|message|>"
+    assert HARMONY.opening("ls") == harmony
     assert QWEN3_CODER.opening("ls") == "<tool_call>\n<function=ls>\n"
 
 
