@@ -23,6 +23,106 @@ if TYPE_CHECKING:
     from macspec.engine.loop import Engine
 
 
+class AnswerState:
+    """One answer as its ids come: text through the detokenizer, stop strings, the end
+    reasons (EOS, a stop string, max tokens, the context window, cancel) and the stats.
+
+    The single-sequence loop (`generate` below) and the batch engine (batch.py) both feed it,
+    so a row of a batch ends and reads exactly as the same request alone.
+    """
+
+    def __init__(
+        self,
+        engine,
+        prompt: list[int],
+        config: GenerationConfig,
+        cancelled: Callable[[], bool] | None = None,
+    ):
+        if not prompt:
+            raise MacspecError("the prompt is empty")
+        self.config, self.by_context = config.within_context(len(prompt))
+        self.stats = Stats(prompt_tokens=len(prompt))
+        self.rng = None
+        if not self.config.sampling.greedy:
+            self.rng = Randomness(choose_sampler(config.sampler, config.seed), config.seed)
+            self.stats.sampler = self.rng.sampler
+        self.eos_ids = engine.eos_ids
+        self.detokenizer = engine.tokenizer.detokenizer
+        self.detokenizer.reset()
+        self.scanner = StopScanner(self.config.stop_strings)
+        self.cancelled = cancelled
+        self.tokens: list[int] = []
+        self.sources: list[Source] = []
+        self.finish: str | None = None
+        """Why the answer ended, once it has: no more ids are taken then."""
+        self.stopped_at: int | None = None
+        self.started = time.perf_counter()
+        self.first_at: float | None = None
+        self.last_at: float | None = None
+        self.any_requested = False  # whether the policy ever asked the drafter for guesses
+
+    def cycle(self, cycle: Cycle) -> None:
+        self.stats.add_cycle(cycle)
+        self.any_requested = self.any_requested or cycle.requested > 0
+
+    def token(self, token: int, source: Source) -> Token | None:
+        """The event for one id (None for the end of sequence); sets `finish` when the answer
+        ends with it (then `check_cancelled`, after the event is handed on)."""
+        self.last_at = time.perf_counter()
+        if self.first_at is None:
+            self.first_at = self.last_at
+        if token in self.eos_ids:
+            self.finish = "stop"
+            self.stats.end_tokens = 1
+            return None
+        self.tokens.append(token)
+        self.sources.append(source)
+        self.detokenizer.add_token(token)
+        text, hit = self.scanner.feed(self.detokenizer.text)
+        if hit:
+            self.finish, self.stopped_at = "stop_string", self.scanner.released
+        elif len(self.tokens) >= self.config.max_tokens:
+            self.finish = "context" if self.by_context else "length"
+        return Token(token, text, source)
+
+    def check_cancelled(self) -> bool:
+        """Polled after each token is handed on: a cancel ends the answer there."""
+        if self.finish is None and self.cancelled is not None and self.cancelled():
+            self.finish = "cancelled"
+        return self.finish is not None
+
+    def done(self, engine) -> Done:
+        """The last event (ended by `finish`, or 'length' when the ids ran out)."""
+        self.detokenizer.finalize()
+        full_text = self.detokenizer.text
+        stopped_at = self.stopped_at
+        tail = "" if stopped_at is not None else self.scanner.flush(full_text)
+        stats = self.stats
+        stats.generated_tokens = len(self.tokens)
+        stats.elapsed_s = time.perf_counter() - self.started
+        reason = getattr(engine.policy, "reason", None)  # --draft auto: which drafter, and why
+        if reason is not None:
+            stats.drafter_choice = reason
+        if engine.drafter is not None and not stats.draft_proposed and stats.target_passes:
+            stats.plain_reason = (
+                "plain: guessing does not pay here"
+                if not self.any_requested
+                else "no guesses worth verifying"
+            )
+        if self.first_at is not None:
+            stats.ttft_s = self.first_at - self.started
+            stats.decode_s = self.last_at - self.first_at
+        return Done(
+            finish_reason=self.finish or "length",
+            text=full_text[:stopped_at] if stopped_at is not None else full_text,
+            tail=tail,
+            tokens=self.tokens,
+            sources=self.sources,
+            stats=stats,
+            stop_string=self.scanner.hit if stopped_at is not None else None,
+        )
+
+
 def generate(
     engine: Engine,
     prompt: Sequence[int],
@@ -37,85 +137,21 @@ def generate(
     with finish_reason 'cancelled' (closing the generator works too, without a Done).
     """
     prompt = [int(t) for t in prompt]
-    if not prompt:
-        raise MacspecError("the prompt is empty")
-    config, by_context = config.within_context(len(prompt))
-    stats = Stats(prompt_tokens=len(prompt))
-    rng = None
-    if not config.sampling.greedy:
-        rng = Randomness(choose_sampler(config.sampler, config.seed), config.seed)
-        stats.sampler = rng.sampler
-    detokenizer = engine.tokenizer.detokenizer
-    detokenizer.reset()
-    scanner = StopScanner(config.stop_strings)
-    tokens: list[int] = []
-    sources: list[Source] = []
-    finish, stopped_at = "length", None
-    started = time.perf_counter()
-    first_at = last_at = None
-    any_requested = False  # whether the policy ever asked the drafter for guesses
-
-    raw = engine.cycles(prompt, config, rng, stats)
+    answer = AnswerState(engine, prompt, config, cancelled)
+    raw = engine.cycles(prompt, answer.config, answer.rng, answer.stats)
     with wired_limit():  # Metal: the weights stay wired while generating
         try:
             for item in raw:
-                if isinstance(item, Prefill):
+                if isinstance(item, (Prefill, Cycle)):
+                    if isinstance(item, Cycle):
+                        answer.cycle(item)
                     yield item
                     continue
-                if isinstance(item, Cycle):
-                    stats.add_cycle(item)
-                    any_requested = any_requested or item.requested > 0
-                    yield item
-                    continue
-                token, source = item
-                last_at = time.perf_counter()
-                if first_at is None:
-                    first_at = last_at
-                if token in engine.eos_ids:
-                    finish = "stop"
-                    stats.end_tokens = 1
-                    break
-                tokens.append(token)
-                sources.append(source)
-                detokenizer.add_token(token)
-                text, hit = scanner.feed(detokenizer.text)
-                yield Token(token, text, source)
-                if hit:
-                    finish, stopped_at = "stop_string", scanner.released
-                    break
-                if len(tokens) >= config.max_tokens:
-                    finish = "context" if by_context else "length"
-                    break
-                if cancelled is not None and cancelled():
-                    finish = "cancelled"
+                event = answer.token(*item)
+                if event is not None:
+                    yield event
+                if answer.check_cancelled():
                     break
         finally:
             raw.close()
-
-    detokenizer.finalize()
-    full_text = detokenizer.text
-    tail = "" if stopped_at is not None else scanner.flush(full_text)
-    ended = time.perf_counter()
-    stats.generated_tokens = len(tokens)
-    stats.elapsed_s = ended - started
-    reason = getattr(engine.policy, "reason", None)  # --draft auto: which drafter, and why
-    if reason is not None:
-        stats.drafter_choice = reason
-    if engine.drafter is not None and not stats.draft_proposed and stats.target_passes:
-        stats.plain_reason = (
-            "plain: guessing does not pay here"
-            if not any_requested
-            else "no guesses worth verifying"
-        )
-    if first_at is not None:
-        stats.ttft_s = first_at - started
-        stats.decode_s = last_at - first_at
-    yield Done(
-        finish_reason=finish,
-        text=full_text[:stopped_at] if stopped_at is not None else full_text,
-        tail=tail,
-        tokens=tokens,
-        sources=sources,
-        stats=stats,
-        stop_string=scanner.hit if stopped_at is not None else None,
-    )
+    yield answer.done(engine)
