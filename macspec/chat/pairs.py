@@ -6,16 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from macspec.chat.records import ModelInfo
-from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
+from macspec.engine.cached import CacheOptions
 from macspec.engine.loop import Engine
-from macspec.models.build import build_engine
-from macspec.models.catalog import (
-    Pair,
-    ResolvedModels,
-    context_length,
-    load_catalog,
-    pair_status,
-)
+from macspec.models.catalog import Pair, ResolvedModels, load_catalog, pair_status
+from macspec.models.pairs import open_pair
 
 
 @dataclass(frozen=True)
@@ -45,17 +39,14 @@ def open_models(
 ) -> ChatModels:
     """Load resolved models into an engine (slow: run it off the UI thread); with an
     mlx.distributed `group`, the target sharded over its ranks (see `build_engine`)."""
-    engine, loaded = build_engine(
-        resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE, group,
-        watchdog,
-    )  # fmt: skip
+    opened = open_pair(resolved, num_draft_tokens, no_draft, draft, cache_options, group, watchdog)
+    engine = opened.engine
     models = ModelInfo(
         target=resolved.target_name,
         draft=resolved.draft_name if engine.drafter is not None else None,
         pair=resolved.pair.name if resolved.pair is not None else None,
     )
-    context = context_length(resolved)
-    return ChatModels(engine, loaded.tokenizer, models, context, tuple(loaded.warnings))
+    return ChatModels(engine, opened.tokenizer, models, opened.context_length, opened.warnings)
 
 
 def downloaded_pairs() -> list[Pair]:

@@ -46,6 +46,14 @@ def serve(
             help="Conversations whose caches are kept besides the latest one (0: only that).",
         ),
     ] = 4,
+    max_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--max-batch",
+            help="Requests decoded together, each exactly as it would be alone [default: 8; "
+            "1 under mlx.launch]. 1: one at a time.",
+        ),
+    ] = None,
     any_model: Annotated[
         bool,
         typer.Option(
@@ -96,6 +104,8 @@ def serve(
         fail(f"--port must be in 0..65535, got {port}")
     if max_queue < 0 or prompt_cache < 0:
         fail("--max-queue and --prompt-cache must be >= 0")
+    if max_batch is not None and not 1 <= max_batch <= 64:
+        fail(f"--max-batch must be between 1 and 64, got {max_batch}")
     if max_tokens < 1:
         fail(f"--max-tokens must be >= 1, got {max_tokens}")
     SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p)  # checks ranges
@@ -107,9 +117,15 @@ def serve(
     # Under mlx.launch the target is sharded over every rank: rank 0 serves, the others follow.
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
+        if where and max_batch is not None and max_batch > 1:
+            fail(
+                f"--max-batch {max_batch}: a target sharded over ranks decodes one request at a "
+                "time; leave out --max-batch (or pass 1)"
+            )
+        max_batch = (1 if where else 8) if max_batch is None else max_batch
         served = serve_models(
             resolved, (num_draft_tokens, no_draft, draft), where, defaults,
-            (host, port, api_key, max_queue, prompt_cache, any_model),
+            (host, port, api_key, max_queue, prompt_cache, any_model, max_batch),
         )  # fmt: skip
     if served is not None:
         fail(f"{served}")
@@ -122,23 +138,24 @@ def serve_models(
     Returns the error that stopped the server, if one did (a lost rank)."""
     import signal
 
-    from macspec.chat.pairs import open_models
     from macspec.serve.backend import Backend
     from macspec.serve.ranks import Leader, follow
     from macspec.serve.server import bind, run_server
 
-    host, port, api_key, max_queue, prompt_cache, any_model = listen
+    host, port, api_key, max_queue, prompt_cache, any_model, max_batch = listen
     num_draft_tokens, no_draft, draft = draft_args
     serving = not where or where["group"].rank() == 0
     # The port first: a taken one is said at once, not after minutes of loading a big model.
     sock = bind(host, port) if serving else None
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
     try:
-        loaded = open_models(resolved, num_draft_tokens, no_draft, draft, **where)
+        loaded = open_batched(resolved, (num_draft_tokens, no_draft, draft), where, max_batch)
     except BaseException:
         if sock is not None:
             sock.close()
         raise
+    if max_batch > 1 and not hasattr(loaded.engine, "admit"):
+        max_batch = 1  # open_batched said why, in one line
     engine = loaded.engine
     leader = None
     if where:
@@ -167,9 +184,11 @@ def serve_models(
         prompt_cache_size=prompt_cache,
         leader=leader,
         any_model=any_model,
+        max_batch=max_batch,
     )
     drafter = engine.drafter.name if engine.drafter is not None else "none"
     spread = f", target sharded over {where['group'].size()} ranks" if where else ""
+    spread += f", up to {max_batch} requests at once" if max_batch > 1 else ""
 
     def announce(url: str) -> None:
         print(
@@ -184,3 +203,21 @@ def serve_models(
         fatal = leader.stop()
     print("macspec: server stopped", file=sys.stderr)
     return fatal
+
+
+def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
+    """The pair, on an engine that batches requests when `max_batch` > 1 and the target's
+    caches allow it (else one request at a time, said in one line)."""
+    from macspec.models.pairs import open_pair
+
+    num_draft_tokens, no_draft, draft = draft_args
+    if max_batch > 1:
+        try:
+            return open_pair(resolved, num_draft_tokens, no_draft, draft, batch=True)
+        except ValueError as exc:
+            print(
+                f"macspec: warning: {resolved.target_name}: {exc}; serving one request at a "
+                "time (--max-batch 1)",
+                file=sys.stderr,
+            )
+    return open_pair(resolved, num_draft_tokens, no_draft, draft, **where)

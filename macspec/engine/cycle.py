@@ -39,3 +39,5 @@ class Cycle:
     refed: int = 0
     """Of those, ids fed again after a checkpoint was restored (recurrent or wrapped
     sliding-window caches roll back that way); 0 for attention-only models."""
+    rows: int = 1
+    """Requests whose ids shared this cycle's target pass (batched decoding), this one too."""

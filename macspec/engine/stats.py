@@ -32,6 +32,8 @@ class Stats:
     """Ids the target processed in its passes after prefill (verify passes and plain steps)."""
     refed_tokens: int = 0
     """Of those, ids fed again after a checkpoint was restored (recurrent caches)."""
+    batch_rows: int = 0
+    """Requests sharing each target pass, summed over the passes (batched decoding)."""
     sampler: str | None = None
     """How a sampled run chose its tokens: 'coupled' or 'rejection'; None when greedy."""
     drafter_choice: str | None = None
@@ -55,6 +57,7 @@ class Stats:
 
     def add_cycle(self, cycle: Cycle) -> None:
         self.target_passes += 1
+        self.batch_rows += cycle.rows
         self.target_fed_tokens += cycle.fed
         self.refed_tokens += cycle.refed
         self.draft_s += cycle.draft_s
@@ -82,6 +85,11 @@ class Stats:
         return decided / self.target_passes if self.target_passes else None
 
     @property
+    def rows_per_pass(self) -> float | None:
+        """Requests that shared a target pass, on average (1.00 unbatched)."""
+        return self.batch_rows / self.target_passes if self.target_passes else None
+
+    @property
     def decode_tokens_per_s(self) -> float | None:
         """Tokens after the first over the time after the first: the steady decode rate."""
         if self.generated_tokens < 2 or self.decode_s <= 0:
@@ -102,6 +110,7 @@ class Stats:
             "accepted_histogram": list(self.accepted_histogram),
             "target_fed_tokens": self.target_fed_tokens,
             "refed_tokens": self.refed_tokens,
+            "rows_per_pass": self.rows_per_pass,
             "drafter_choice": self.drafter_choice,
             "plain_reason": self.plain_reason,
             "sampler": self.sampler,

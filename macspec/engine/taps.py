@@ -109,19 +109,21 @@ class Taps:
             self.names[id(module)] = name
 
     @contextmanager
-    def record(self) -> Iterator[Hidden]:
-        """Note the tapped outputs of the forward pass run inside the block."""
+    def record(self, batch: bool = False) -> Iterator[Hidden]:
+        """Note the tapped outputs of the forward pass run inside the block: (ids, hidden)
+        each, or with `batch` (rows, ids, hidden) for a pass over several rows."""
         recording = _Recording(self.names)
         hidden = Hidden()
         _active.recording = recording
+        pick = slice(None) if batch else 0
         try:
             yield hidden
         finally:
             _active.recording = None
             out = recording.outputs
             if self.spec.final and "final" in out:
-                hidden.final = out["final"][0]
-            hidden.layers = {i: out[i][0] for i in self.spec.layers if i in out}
+                hidden.final = out["final"][pick]
+            hidden.layers = {i: out[i][pick] for i in self.spec.layers if i in out}
 
 
 class HiddenRows:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from macspec.engine.batch import BatchEngine
 from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.choice import DrafterChoice
 from macspec.engine.dflash import DFlashDrafter
@@ -80,22 +81,8 @@ def build_engine(
     them, the draft replicated, and the engine a `DistributedEngine` whose ranks agree on every
     decision (`watchdog`: kicked by every pass and exchange).
     """
-    check_draft_flags(num_draft_tokens, no_draft, draft)
-    check_distributed_source(draft, group)
-    spec = num_draft_tokens
-    if spec is None:
-        spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
-    check_draft_tokens(spec)
-    policy = make_policy(spec)  # validated even with --no-draft: a typo is still an error
-    folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
-    if group is not None:  # heads that read a sharded target's hidden states: not yet
-        folders = {k: v for k, v in folders.items() if k not in HEAD_KINDS}
-    source = choose_source(draft, folders)
-    sources = set(folders) if source == "auto" else {source}
-    loaded = load_drafters(resolved, folders, sources, group)
-    context = resolved.pair.context_length if resolved.pair is not None else None
-    text = read_config(resolved.target)
-    warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
+    loaded, source, spec = load_for_drafting(resolved, num_draft_tokens, no_draft, draft, group)
+    policy = make_policy(spec)
     if no_draft:
         engine = Engine(loaded.target, loaded.tokenizer, cache_options=cache_options)
     else:
@@ -110,6 +97,62 @@ def build_engine(
 
         engine = DistributedEngine(engine, group, watchdog)
     return engine, loaded
+
+
+def build_batch_engine(
+    resolved: ResolvedModels,
+    num_draft_tokens: str | None = None,
+    no_draft: bool = False,
+    draft: str | None = None,
+    cache_options: CacheOptions = DEFAULT_CACHE,
+) -> tuple[BatchEngine, LoadedModels]:
+    """Load the models into an engine that decodes several requests together, each row with
+    a drafter and a policy of its own (the same kinds `build_engine` makes)."""
+    loaded, source, spec = load_for_drafting(resolved, num_draft_tokens, no_draft, draft)
+    make_policy(spec)  # checked now, not at the first request
+
+    def new_drafter() -> Drafter:
+        return make_drafter(source, loaded, cache_options)
+
+    def new_policy(drafter: Drafter):
+        return drafter if isinstance(drafter, DrafterChoice) else make_policy(spec)
+
+    engine = BatchEngine(
+        loaded.target,
+        loaded.tokenizer,
+        None if no_draft else new_drafter,
+        new_policy,
+        loaded.vocab_size,
+        cache_options,
+    )
+    return engine, loaded
+
+
+def load_for_drafting(
+    resolved: ResolvedModels,
+    num_draft_tokens: str | None,
+    no_draft: bool,
+    draft: str | None,
+    group=None,
+) -> tuple[LoadedModels, str, str]:
+    """The flags checked, the models loaded: (models, the drafter's kind, the draft length)."""
+    check_draft_flags(num_draft_tokens, no_draft, draft)
+    check_distributed_source(draft, group)
+    spec = num_draft_tokens
+    if spec is None:
+        spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
+    check_draft_tokens(spec)
+    make_policy(spec)  # validated even with --no-draft: a typo is still an error
+    folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
+    if group is not None:  # heads that read a sharded target's hidden states: not yet
+        folders = {k: v for k, v in folders.items() if k not in HEAD_KINDS}
+    source = choose_source(draft, folders)
+    sources = set(folders) if source == "auto" else {source}
+    loaded = load_drafters(resolved, folders, sources, group)
+    context = resolved.pair.context_length if resolved.pair is not None else None
+    text = read_config(resolved.target)
+    warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
+    return loaded, source, str(spec)
 
 
 def check_distributed_source(draft: str | None, group) -> None:

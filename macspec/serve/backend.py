@@ -84,6 +84,7 @@ class Backend:
         prompt_cache_size: int = 4,
         leader: Leader | None = None,
         any_model: bool = False,
+        max_batch: int = 1,
     ):
         self.engine = engine
         self.tokenizer = tokenizer
@@ -95,7 +96,13 @@ class Backend:
         self.defaults = defaults if defaults is not None else Defaults()
         self.draft = engine.drafter.name if engine.drafter is not None else None
         self.k = k if engine.drafter is not None else None
-        self.worker = Worker(engine, max_queue, prompt_cache_size, leader)
+        if max_batch > 1:
+            from macspec.serve.batch_worker import BatchWorker
+
+            self.worker: Worker = BatchWorker(engine, max_batch, max_queue, prompt_cache_size)
+        else:
+            self.worker = Worker(engine, max_queue, prompt_cache_size, leader)
+        self.max_batch = max_batch
         self.vocab_size = len(tokenizer.get_vocab())
         """Ids a /v1/completions prompt may hold."""
         self._tokenizer_lock = threading.Lock()

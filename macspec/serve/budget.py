@@ -85,6 +85,7 @@ def joined(first: Done, closing: list[int], second: Done) -> Done:
         draft_proposed=a.draft_proposed + b.draft_proposed,
         draft_accepted=a.draft_accepted + b.draft_accepted,
         target_fed_tokens=a.target_fed_tokens + b.target_fed_tokens,
+        batch_rows=a.batch_rows + b.batch_rows,
         refed_tokens=a.refed_tokens + b.refed_tokens,
         sampler=a.sampler,
         drafter_choice=b.drafter_choice or a.drafter_choice,

@@ -195,6 +195,8 @@ def log_done(
         )
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
+    if stats.rows_per_pass is not None and stats.rows_per_pass > 1:
+        parts.append(f"{stats.rows_per_pass:.1f} requests per pass")
     parts.append(f"ttft {stats.ttft_s:.2f}s")
     parts.append(f"queued {queued_s(job):.2f}s")
     if summary:

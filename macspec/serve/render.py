@@ -84,6 +84,7 @@ def figures(meta: Meta, done: Done, queued_s: float = 0.0) -> dict[str, Any]:
         "draft_proposed": stats.draft_proposed,
         "draft_accepted": stats.draft_accepted,
         "target_passes": stats.target_passes,
+        "rows_per_pass": stats.rows_per_pass,
         "prefilled_tokens": stats.prefilled_tokens,
         "ttft_s": stats.ttft_s,
         "tokens_per_s": stats.decode_tokens_per_s,

@@ -41,7 +41,7 @@ class Failed:
     error: BaseException
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: compared and hashed by identity
 class Job:
     """One request's generation, from the HTTP side's point of view."""
 
@@ -107,13 +107,13 @@ class Worker:
         with self._lock:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
-            ahead = len(self._waiting) + (self._running is not None)
-            if ahead > self.max_queue:
-                # One of those ahead generates (or is about to); the others wait.
-                waiting = ahead - 1
+            generating, waiting = self.generating, len(self._waiting)
+            if generating + waiting >= self.capacity + self.max_queue:
+                # Those waiting beyond what can generate at once are the queue.
+                requests = "request" if generating == 1 else "requests"
                 raise QueueFull(
-                    f"the queue is full: 1 request generating, {waiting} waiting "
-                    f"(--max-queue {self.max_queue})"
+                    f"the queue is full: {generating} {requests} generating, {waiting} "
+                    f"waiting (--max-queue {self.max_queue})"
                 )
             self._waiting.append(job)
             self._lock.notify()
@@ -128,6 +128,13 @@ class Worker:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    capacity = 1
+    """Generations that run at once."""
+
+    @property
+    def generating(self) -> int:
+        return int(self._running is not None)
 
     @property
     def stopping(self) -> bool:

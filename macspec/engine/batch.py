@@ -1,0 +1,326 @@
+"""Several requests decoded together: one target pass per cycle for every row's guesses, each
+row verified, accepted and rolled back on its own, so each answer is exactly what the same
+request alone would be (greedy: token for token; seeded: the coupled sampler keys its noise by
+seed and position, per row; unseeded: the rejection rule per row).
+
+A request joins as a row once its prompt is prefilled alone, in chunks between the running
+rows' cycles (`prefill_step`), as `run` would prefill it, then its caches are appended to the
+batch (rows.py). Each cycle (`step`): every row's drafter guesses (its own drafter instance:
+draft model, lookup, MTP head, DFlash...), one batched target pass verifies all of them, the
+verdicts are read in one wait, and each row's answer layer (`AnswerState`) turns its ids into
+events. A finished row leaves the batch at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macspec.engine.answer import AnswerState
+from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
+from macspec.engine.config import GenerationConfig
+from macspec.engine.drafters import Draft, Drafter
+from macspec.engine.events import Cycle, Done, Event, Prefill, Source
+from macspec.engine.policy import DraftPolicy
+from macspec.engine.rows import RowsKVCache, rows_caches
+from macspec.engine.sampling import probabilities
+from macspec.engine.taps import Hidden, Taps
+from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
+
+PREFILL_CHUNK = 512
+"""Prompt ids a joining row prefills between two cycles of the running rows."""
+
+
+@dataclass
+class Row:
+    """One request in the batch."""
+
+    prompt: list[int]
+    answer: AnswerState
+    drafter: Drafter | None
+    policy: DraftPolicy | None
+    alone: CachedModel | None
+    """The target's cache while the prompt is prefilled alone (None once in the batch)."""
+    to_prefill: list[int] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)
+    """The prompt and every delivered id."""
+    fed: int = 0
+    """Ids of `context` the batch cache holds for this row."""
+    events: list[Event] = field(default_factory=list)
+    """Events not yet taken by the caller."""
+    done: Done | None = None
+    saved: list[SavedCache] | None = None
+    """A finished row's caches (target, then draft model), for a prompt cache to keep."""
+
+    @property
+    def decoding(self) -> bool:
+        return self.alone is None and self.done is None
+
+
+class BatchEngine:
+    """The target's batched passes over rows, each row with its own drafter and policy."""
+
+    def __init__(
+        self,
+        target: nn.Module,
+        tokenizer,
+        new_drafter: Callable[[], Drafter] | None = None,
+        new_policy: Callable[[Drafter], DraftPolicy] | None = None,
+        vocab_size: int | None = None,
+        cache_options: CacheOptions = DEFAULT_CACHE,
+    ):
+        self.model = target
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(tokenizer.eos_token_ids)
+        self.new_drafter = new_drafter
+        self.new_policy = new_policy
+        self.vocab_size = vocab_size
+        self.cache_options = cache_options
+        probe = CachedModel(target, options=cache_options)
+        caches = rows_caches(probe.cache)
+        if caches is None:
+            kinds = sorted({type(c).__name__ for c in probe.cache})
+            raise ValueError(f"its caches ({', '.join(kinds)}) cannot be batched")
+        self.caches: list[RowsKVCache] = caches
+        self.rows: list[Row] = []
+        """Rows in the batch, in the batch's order (rows still prefilling are not in it)."""
+        self.joining: list[Row] = []
+        self.drafter = new_drafter() if new_drafter is not None else None
+        """A drafter of the kind every row gets (for its name and what it reads)."""
+        needs = getattr(self.drafter, "needs", None)
+        self.taps = Taps(target, needs) if needs is not None else None
+        self.passes = 0
+        """Batched target passes run (one per cycle, whatever the number of rows)."""
+
+    # -- joining -------------------------------------------------------------------------------
+    def admit(
+        self,
+        prompt: list[int],
+        config: GenerationConfig,
+        cancelled: Callable[[], bool] | None = None,
+        start_from: SavedCache | None = None,
+    ) -> Row:
+        """A new request: its first events (Prefill) are ready; its prompt is prefilled by
+        `prefill_step` calls, then it decodes with the others."""
+        prompt = [int(t) for t in prompt]
+        answer = AnswerState(self, prompt, config, cancelled)
+        alone = CachedModel(self.model, name="target model", options=self.cache_options)
+        if start_from is not None:
+            alone.load(start_from)
+        drafter = self.new_drafter() if self.new_drafter is not None else None
+        policy = self.new_policy(drafter) if drafter is not None else None
+        if drafter is not None and getattr(drafter, "needs", None) is not None:
+            alone.tap(drafter.needs, drafter.add_hidden)
+        pending = alone.reuse(prompt)
+        answer.stats.prefilled_tokens = len(pending)
+        row = Row(prompt, answer, drafter, policy, alone, to_prefill=pending[:-1])
+        row.events.append(Prefill(len(prompt), len(prompt) - len(pending)))
+        self.joining.append(row)
+        return row
+
+    def prefill_step(self, row: Row, chunk: int = PREFILL_CHUNK) -> bool:
+        """Prefill the next chunk of a joining row; True once it has joined the batch."""
+        started = time.perf_counter()
+        ids, row.to_prefill = row.to_prefill[:chunk], row.to_prefill[chunk:]
+        if ids:
+            row.alone.prefill(ids, chunk)
+        row.answer.stats.prefill_s += time.perf_counter() - started
+        if row.to_prefill:
+            return False
+        row.alone.checkpoint("prompt")
+        if row.drafter is not None:
+            row.drafter.start(row.prompt)
+        for rows_cache, layer_cache in zip(self.caches, row.alone.cache):
+            rows_cache.add_row(layer_cache)
+        row.fed, row.context, row.alone = len(row.alone), list(row.prompt), None
+        self.joining.remove(row)
+        self.rows.append(row)
+        return True
+
+    # -- one cycle for every row ---------------------------------------------------------------
+    def step(self) -> None:
+        """One draft-verify-accept cycle for every decoding row; their events are in
+        `row.events`, and finished rows leave the batch."""
+        rows = [r for r in self.rows if r.decoding]
+        if not rows:
+            return
+        begun = time.perf_counter()
+        plans = [self._plan(row) for row in rows]
+        drafted = time.perf_counter()
+        width = max(len(pending) + len(guesses) for pending, guesses, _, _ in plans)
+        inputs = mx.zeros((len(rows), width), mx.uint32)
+        for i, (pending, guesses, _, _) in enumerate(plans):
+            ids = mx.array(pending, mx.uint32)
+            if len(guesses):
+                ids = mx.concatenate([ids, guesses.astype(mx.uint32)])
+            inputs[i, : ids.size] = ids
+        lengths = [row.fed for row in rows]
+        for rows_cache in self.caches:
+            rows_cache.set_lengths(lengths)
+        if self.taps is not None:
+            with self.taps.record(batch=True) as hidden:
+                logits = self.model(inputs, cache=self.caches)
+        else:
+            hidden, logits = None, self.model(inputs, cache=self.caches)
+        self.passes += 1
+        reads = []
+        for i, (row, plan) in enumerate(zip(rows, plans)):
+            reads.append(self._verdict(row, plan, logits[i, : len(plan[0]) + len(plan[1])]))
+        # The cycle's one wait: every row's verdict and guesses.
+        widest = max(r.size for r in reads)
+        read = mx.stack([mx.pad(r, (0, widest - r.size)) for r in reads]).tolist()
+        verified = time.perf_counter()
+        for i, (row, plan, values) in enumerate(zip(rows, plans, read)):
+            if hidden is not None:
+                n = len(plan[0]) + len(plan[1])
+                part = Hidden(
+                    final=None if hidden.final is None else hidden.final[i, :n],
+                    layers={k: v[i, :n] for k, v in hidden.layers.items()},
+                )
+                row.drafter.add_hidden(row.fed, part)
+            self._settle(row, plan, values, len(rows), begun, drafted, verified)
+        for rows_cache in self.caches:
+            rows_cache.set_lengths([row.fed for row in rows])
+        self._leave()
+
+    def _plan(self, row: Row) -> tuple[list[int], Any, Draft | None, int]:
+        """(ids to feed again, guesses, the draft, the draft length asked for)."""
+        answer = row.answer
+        pending = row.context[row.fed :]
+        requested = 0
+        if row.drafter is not None:
+            requested = row.policy.draft_length()
+        k = min(requested, answer.config.max_tokens - len(answer.tokens) - 1)
+        if k <= 0:
+            return pending, [], None, requested
+        params, rng = answer.config.sampling, answer.rng
+        draws = rng.draws(k, len(row.context)) if rng is not None else None
+        draft = row.drafter.propose(row.context, k, params, draws, row.policy.confidence_floor)
+        guesses = draft.tokens
+        if not isinstance(guesses, mx.array):
+            guesses = mx.array(list(guesses), mx.uint32)
+        return pending, guesses, draft, requested
+
+    def _verdict(self, row: Row, plan, logits: mx.array) -> mx.array:
+        """[cut, accepted, token, guesses...] for one row, on the device."""
+        pending, guesses, draft, _ = plan
+        params, rng = row.answer.config.sampling, row.answer.rng
+        if not isinstance(guesses, mx.array):
+            guesses = mx.array(guesses, mx.uint32)
+        logits = logits[len(pending) - 1 :, : self.vocab_size]
+        floor = row.policy.confidence_floor if row.policy is not None else None
+        confidence = draft.confidence if draft is not None else None
+        cut = counted_guesses(guesses, confidence, floor)
+        position = len(row.context)
+        if params.greedy:
+            accepted, token = greedy_verdict(logits, guesses, cut)
+        elif rng.noise is not None:  # coupled: the row's own seeded picks, kept while equal
+            scores = mx.log(probabilities(logits, params))
+            scores = scores + rng.noise.rows(position, scores.shape[0], scores.shape[-1])
+            accepted, token = greedy_verdict(scores, guesses, cut)
+        elif guesses.size == 0:  # a plain step samples as the single loop's plain step does
+            accepted, token = mx.array(0), rng.pick(probabilities(logits, params), position)[0]
+        else:
+            p = probabilities(logits, params)
+            accepted, token = sampled_verdict(p, draft.q, guesses, cut, rng.keys.next())
+        head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
+        return mx.concatenate([head, guesses.astype(mx.int32)])
+
+    def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> None:
+        pending, guesses, draft, requested = plan
+        cut, n, token = values[0], values[1], values[2]
+        counted = values[3 : 3 + cut]
+        ends = next((i + 1 for i, t in enumerate(counted) if t in self.eos_ids), cut)
+        if ends < cut:
+            cut, n, counted = ends, min(n, ends), counted[:ends]
+        kept = counted[:n] + [token]
+        row.fed += len(pending) + n  # the verified ids that stay; the rest is never seen again
+        row.context += kept
+        if row.drafter is not None:
+            row.drafter.rollback(len(row.context) - 1)
+        cycle = Cycle(
+            requested=requested,
+            proposed=cut,
+            accepted=n,
+            draft_s=(drafted - begun) / rows,
+            verify_s=verified - drafted,
+            overhead_s=0.0,
+            draft_steps=draft.steps if draft is not None else 0,
+            draft_fed=draft.fed if draft is not None else 0,
+            draft_source=draft.source if draft is not None and cut else None,
+            fed=len(pending) + len(guesses),
+            timed=True,
+            rows=rows,
+        )
+        if row.policy is not None:
+            row.policy.observe(cycle)
+        answer = row.answer
+        answer.cycle(cycle)
+        row.events.append(cycle)
+        for i, token_id in enumerate(kept):
+            event = answer.token(token_id, Source.DRAFT if i < len(kept) - 1 else Source.TARGET)
+            if event is not None:
+                row.events.append(event)
+            if answer.check_cancelled():
+                break
+        if answer.finish is not None:
+            self._finish(row)
+
+    def _finish(self, row: Row) -> None:
+        """The row's Done, and its caches kept as far as ids were delivered."""
+        answer = row.answer
+        delivered = len(answer.tokens) + answer.stats.end_tokens
+        row.context = row.context[: len(row.prompt) + delivered]
+        row.fed = min(row.fed, len(row.context) - 1)
+        if row.drafter is not None:
+            row.drafter.rollback(row.fed)
+        row.done = answer.done(RowView(row))
+        row.events.append(row.done)
+
+    def cancel(self, row: Row) -> None:
+        """End a row now (its client went away): it leaves the batch at once."""
+        if row.done is not None:
+            return
+        if row in self.joining:
+            self.joining.remove(row)
+            row.answer.finish = "cancelled"
+            row.done = row.answer.done(RowView(row))
+            row.events.append(row.done)
+            return
+        row.answer.finish = row.answer.finish or "cancelled"
+        self._finish(row)
+        self._leave()
+
+    def _leave(self) -> None:
+        """Finished rows leave the batch, their caches saved as one-sequence states."""
+        kept = []
+        for index, row in enumerate(self.rows):
+            if row.done is None:
+                kept.append(index)
+                continue
+            cache = [rows_cache.row_cache(index, row.fed) for rows_cache in self.caches]
+            saved = [SavedCache(tuple(row.context[: row.fed]), cache, {})]
+            state = getattr(row.drafter, "state", None) or getattr(
+                getattr(row.drafter, "model", None), "state", None
+            )
+            if isinstance(state, CachedModel):
+                saved.append(state.save())
+            row.saved = saved
+        if len(kept) == len(self.rows):
+            return
+        for rows_cache in self.caches:
+            rows_cache.keep_rows(kept)
+        self.rows = [self.rows[i] for i in kept]
+
+
+class RowView:
+    """What `AnswerState.done` reads of an engine, for one row."""
+
+    def __init__(self, row: Row):
+        self.policy = row.policy
+        self.drafter = row.drafter

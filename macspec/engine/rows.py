@@ -1,0 +1,166 @@
+"""Attention caches for several sequences (rows) decoded together, each at its own length.
+
+One buffer per layer holds every row, right-padded: row b's ids sit in columns [0, length_b).
+A pass feeds each row its own ids (padded to the widest row); they are written at each row's
+own length, rope takes each row's length as its offset, and the mask lets a row's queries see
+only its own ids, causally (and within the window for sliding-window layers). Rolling a row
+back is setting its length: what was written beyond it is never seen and is overwritten by
+the next pass. So every row is verified, accepted and rolled back on its own, exactly, at the
+cost of one pass for all of them.
+
+mlx-lm's `BatchKVCache` keeps one length for all rows (left padding), so a per-row rollback
+there means rolling each row's data into its padding; writing at per-row offsets avoids that
+copy. Sliding windows keep their whole history here (the mask applies the window), so a row
+never needs a checkpoint to roll back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+ROW_CACHES = (KVCache, RotatingKVCache)
+"""Layer caches a batch of rows can hold (attention, with or without a window)."""
+
+
+class RowsKVCache:
+    """One attention layer's keys and values for `rows` sequences, each at its own length."""
+
+    step = 256
+
+    def __init__(self, window: int | None = None):
+        self.rows = 0
+        self.window = window
+        """A sliding-window layer's window (None: full attention)."""
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.lengths: list[int] = []
+        self.offset = mx.zeros((0,), mx.int32)
+        """Each row's length: where its next ids go, and their rope offset."""
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        self.lengths = list(lengths)
+        self.offset = mx.array(self.lengths, mx.int32)
+
+    def _room(self, needed: int, like: mx.array, like_values: mx.array) -> None:
+        held = 0 if self.keys is None else self.keys.shape[2]
+        if needed <= held:
+            return
+        grow = -(-(needed - held) // self.step) * self.step
+        b, h, _, dk = like.shape
+        more_k = mx.zeros((b, h, grow, dk), like.dtype)
+        more_v = mx.zeros((b, h, grow, like_values.shape[3]), like_values.dtype)
+        if self.keys is None:
+            self.keys, self.values = more_k, more_v
+        else:
+            self.keys = mx.concatenate([self.keys, more_k], axis=2)
+            self.values = mx.concatenate([self.values, more_v], axis=2)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write each row's new ids at its own length; all rows' keys and values, as wide as
+        the longest row after this pass."""
+        width = keys.shape[2]
+        end = max(self.lengths, default=0) + width
+        self._room(end, keys, values)
+        columns = self.offset[:, None] + mx.arange(width)
+        self.keys = put_columns(self.keys, columns, keys)
+        self.values = put_columns(self.values, columns, values)
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def make_mask(
+        self, n: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array:
+        """(rows, 1, n, longest + n): query i of row b sees the row's columns up to its own
+        position, and no further back than the window."""
+        queries = self.offset[:, None] + mx.arange(n)  # (rows, n) absolute positions
+        columns = mx.arange(max(self.lengths, default=0) + n)
+        mask = columns[None, None, :] <= queries[:, :, None]
+        window = window_size or self.window
+        if window is not None:
+            mask = mask & (columns[None, None, :] > queries[:, :, None] - window)
+        return mask[:, None]
+
+    # -- rows in and out -----------------------------------------------------------------------
+    def add_row(self, layer_cache: Any) -> None:
+        """Append a row: a one-sequence cache (a request prefilled alone)."""
+        length = int(layer_cache.offset)
+        keys, values = layer_keys_values(layer_cache)
+        held = keys.shape[2]
+        width = max([length, *self.lengths, 1])
+        width = -(-width // self.step) * self.step
+        if self.keys is not None:
+            width = max(width, self.keys.shape[2])
+        b, h, _, dk = keys.shape
+        row_k = mx.zeros((1, h, width, dk), keys.dtype)
+        row_v = mx.zeros((1, h, width, values.shape[3]), values.dtype)
+        start = length - held  # a window holds only its newest ids; older ones are never seen
+        row_k[..., start:length, :] = keys
+        row_v[..., start:length, :] = values
+        if self.keys is None:
+            self.keys, self.values = row_k, row_v
+        else:
+            if self.keys.shape[2] < width:
+                self._room(width, self.keys, self.values)
+            self.keys = mx.concatenate([self.keys, row_k], axis=0)
+            self.values = mx.concatenate([self.values, row_v], axis=0)
+        self.rows += 1
+        self.set_lengths([*self.lengths, length])
+
+    def keep_rows(self, kept: list[int]) -> None:
+        """Only rows `kept` (indices, in order) remain."""
+        if self.keys is not None:
+            index = mx.array(kept, mx.int32)
+            self.keys, self.values = self.keys[index], self.values[index]
+        self.rows = len(kept)
+        self.set_lengths([self.lengths[i] for i in kept])
+        if not kept:
+            self.keys = self.values = None
+
+    def row_cache(self, row: int, length: int | None = None) -> Any:
+        """Row `row`'s first `length` ids (default: all) as a one-sequence cache of mlx-lm's
+        own kind (to save, or to continue alone)."""
+        length = self.lengths[row] if length is None else length
+        if self.window is None:
+            cache = KVCache()
+            if length:
+                cache.keys = self.keys[row : row + 1, :, :length, :]
+                cache.values = self.values[row : row + 1, :, :length, :]
+            cache.offset = length
+            return cache
+        cache = RotatingKVCache(max_size=self.window, keep=0)
+        held = min(length, self.window)
+        if held:
+            cache.keys = self.keys[row : row + 1, :, length - held : length, :]
+            cache.values = self.values[row : row + 1, :, length - held : length, :]
+        cache.offset, cache._idx = length, held
+        return cache
+
+
+def put_columns(buffer: mx.array, columns: mx.array, new: mx.array) -> mx.array:
+    """buffer[b, :, columns[b, j], :] = new[b, :, j, :] for every row b, in one scatter."""
+    b, h, width, d = new.shape
+    index = mx.broadcast_to(columns[:, None, :, None], (b, h, width, d))
+    return mx.put_along_axis(buffer, index, new, axis=2)
+
+
+def layer_keys_values(layer_cache: Any) -> tuple[mx.array, mx.array]:
+    """A one-sequence layer cache's held keys and values, oldest first."""
+    if isinstance(layer_cache, RotatingKVCache):
+        keys = layer_cache._temporal_order(layer_cache.keys)
+        values = layer_cache._temporal_order(layer_cache.values)
+        held = min(layer_cache.offset, keys.shape[2])
+        return keys[..., keys.shape[2] - held :, :], values[..., values.shape[2] - held :, :]
+    length = layer_cache.offset
+    return layer_cache.keys[..., :length, :], layer_cache.values[..., :length, :]
+
+
+def rows_caches(model_cache: list[Any]) -> list[RowsKVCache] | None:
+    """Empty batch caches for a model whose one-sequence cache is `model_cache`; None when a
+    layer's cache cannot be batched this way (recurrent state, quantized or chunked caches)."""
+    if not all(type(c) in ROW_CACHES for c in model_cache):
+        return None
+    return [
+        RowsKVCache(c.max_size if isinstance(c, RotatingKVCache) else None) for c in model_cache
+    ]
