@@ -27,7 +27,7 @@ from macspec.engine.config import GenerationConfig
 from macspec.engine.drafters import Draft, Drafter
 from macspec.engine.events import Cycle, Done, Event, Prefill, Source
 from macspec.engine.policy import DraftPolicy
-from macspec.engine.rows import RowsKVCache, rows_caches
+from macspec.engine.rows import RowsArraysCache, RowsKVCache, rows_caches
 from macspec.engine.sampling import probabilities
 from macspec.engine.taps import Hidden, Taps
 from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
@@ -54,6 +54,10 @@ class Row:
     events: list[Event] = field(default_factory=list)
     """Events not yet taken by the caller."""
     done: Done | None = None
+    checkpoints: dict = field(default_factory=dict)
+    """The prompt's checkpoint from its prefill (where a later turn can return to)."""
+    held: list[int] = field(default_factory=list)
+    """The ids the row's caches hold when it leaves the batch."""
     saved: list[SavedCache] | None = None
     """A finished row's caches (target, then draft model), for a prompt cache to keep."""
 
@@ -86,7 +90,9 @@ class BatchEngine:
         if caches is None:
             kinds = sorted({type(c).__name__ for c in probe.cache})
             raise ValueError(f"its caches ({', '.join(kinds)}) cannot be batched")
-        self.caches: list[RowsKVCache] = caches
+        self.caches: list[RowsKVCache | RowsArraysCache] = caches
+        self.recurrent = any(isinstance(c, RowsArraysCache) for c in caches)
+        """Whether some layer keeps recurrent state (a rejected guess costs a re-feed)."""
         self.rows: list[Row] = []
         """Rows in the batch, in the batch's order (rows still prefilling are not in it)."""
         self.joining: list[Row] = []
@@ -137,6 +143,7 @@ class BatchEngine:
             row.drafter.start(row.prompt)
         for rows_cache, layer_cache in zip(self.caches, row.alone.cache):
             rows_cache.add_row(layer_cache)
+        row.checkpoints = dict(row.alone._checkpoints)
         row.fed, row.context, row.alone = len(row.alone), list(row.prompt), None
         self.joining.remove(row)
         self.rows.append(row)
@@ -160,13 +167,18 @@ class BatchEngine:
                 ids = mx.concatenate([ids, guesses.astype(mx.uint32)])
             inputs[i, : ids.size] = ids
         lengths = [row.fed for row in rows]
+        widths = [len(pending) + len(guesses) for pending, guesses, _, _ in plans]
         for rows_cache in self.caches:
             rows_cache.set_lengths(lengths)
+        recurrent = [c for c in self.caches if isinstance(c, RowsArraysCache)]
+        before = [c.prepare_pass(widths, width) for c in recurrent]
         if self.taps is not None:
             with self.taps.record(batch=True) as hidden:
                 logits = self.model(inputs, cache=self.caches)
         else:
             hidden, logits = None, self.model(inputs, cache=self.caches)
+        for c in recurrent:
+            c.end_pass()
         self.passes += 1
         reads = []
         for i, (row, plan) in enumerate(zip(rows, plans)):
@@ -175,6 +187,7 @@ class BatchEngine:
         widest = max(r.size for r in reads)
         read = mx.stack([mx.pad(r, (0, widest - r.size)) for r in reads]).tolist()
         verified = time.perf_counter()
+        returned = []
         for i, (row, plan, values) in enumerate(zip(rows, plans, read)):
             if hidden is not None:
                 n = len(plan[0]) + len(plan[1])
@@ -183,7 +196,11 @@ class BatchEngine:
                     layers={k: v[i, :n] for k, v in hidden.layers.items()},
                 )
                 row.drafter.add_hidden(row.fed, part)
-            self._settle(row, plan, values, len(rows), begun, drafted, verified)
+            returned.append(self._settle(row, plan, values, len(rows), begun, drafted, verified))
+        # A row that kept fewer ids than it fed: its recurrent state returns to before the
+        # pass (attention is simply shorter), and it feeds the kept ids again next cycle.
+        for c, state in zip(recurrent, before):
+            c.restore_rows(state, returned)
         for rows_cache in self.caches:
             rows_cache.set_lengths([row.fed for row in rows])
         self._leave()
@@ -231,7 +248,9 @@ class BatchEngine:
         head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
         return mx.concatenate([head, guesses.astype(mx.int32)])
 
-    def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> None:
+    def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> bool:
+        """Keep what the verdict kept; True when the row's recurrent state must return to
+        before the pass."""
         pending, guesses, draft, requested = plan
         cut, n, token = values[0], values[1], values[2]
         counted = values[3 : 3 + cut]
@@ -239,7 +258,10 @@ class BatchEngine:
         if ends < cut:
             cut, n, counted = ends, min(n, ends), counted[:ends]
         kept = counted[:n] + [token]
-        row.fed += len(pending) + n  # the verified ids that stay; the rest is never seen again
+        valid = len(pending) + n  # the verified ids that stay; the rest is never seen again
+        returned = self.recurrent and valid < len(pending) + len(guesses)
+        if not returned:
+            row.fed += valid  # else: back to before the pass (see `step`)
         row.context += kept
         if row.drafter is not None:
             row.drafter.rollback(len(row.context) - 1)
@@ -270,15 +292,18 @@ class BatchEngine:
                 break
         if answer.finish is not None:
             self._finish(row)
+        return returned
 
     def _finish(self, row: Row) -> None:
         """The row's Done, and its caches kept as far as ids were delivered."""
         answer = row.answer
         delivered = len(answer.tokens) + answer.stats.end_tokens
-        row.context = row.context[: len(row.prompt) + delivered]
-        row.fed = min(row.fed, len(row.context) - 1)
+        full, row.context = row.context, row.context[: len(row.prompt) + delivered]
+        if not self.recurrent:  # attention keeps only what was delivered
+            row.fed = min(row.fed, len(row.context) - 1)
+        row.held = full[: row.fed]  # a recurrent state holds what it was fed, delivered or not
         if row.drafter is not None:
-            row.drafter.rollback(row.fed)
+            row.drafter.rollback(min(row.fed, len(row.context) - 1))
         row.done = answer.done(RowView(row))
         row.events.append(row.done)
 
@@ -304,7 +329,7 @@ class BatchEngine:
                 kept.append(index)
                 continue
             cache = [rows_cache.row_cache(index, row.fed) for rows_cache in self.caches]
-            saved = [SavedCache(tuple(row.context[: row.fed]), cache, {})]
+            saved = [SavedCache(tuple(row.held), cache, row.checkpoints)]
             state = getattr(row.drafter, "state", None) or getattr(
                 getattr(row.drafter, "model", None), "state", None
             )

@@ -19,10 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-ROW_CACHES = (KVCache, RotatingKVCache)
-"""Layer caches a batch of rows can hold (attention, with or without a window)."""
+ROW_CACHES = (KVCache, RotatingKVCache, ArraysCache)
+"""Layer caches a batch of rows can hold: attention, with or without a window, and recurrent
+state (Gated DeltaNet, Mamba, short convolutions)."""
 
 
 class RowsKVCache:
@@ -156,11 +157,73 @@ def layer_keys_values(layer_cache: Any) -> tuple[mx.array, mx.array]:
     return layer_cache.keys[..., :length, :], layer_cache.values[..., :length, :]
 
 
-def rows_caches(model_cache: list[Any]) -> list[RowsKVCache] | None:
+class RowsArraysCache(ArraysCache):
+    """A recurrent layer's state for every row (mlx-lm's ArraysCache, batched on axis 0).
+
+    A pass over rows of different widths sets `lengths` (the model's own masking keeps the
+    padding out of the state); a row that keeps fewer ids than it fed returns to its state
+    before the pass (`restore_rows`) and feeds the kept ids again next time.
+    """
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self.rows = 0
+
+    def add_row(self, layer_cache: ArraysCache) -> None:
+        state = [None if a is None else a for a in layer_cache.cache]
+        if self.rows == 0:
+            self.cache = state
+        else:
+            self.cache = [
+                b if a is None else a if b is None else mx.concatenate([a, b])
+                for a, b in zip(self.cache, state)
+            ]
+        self.rows += 1
+
+    def keep_rows(self, kept: list[int]) -> None:
+        index = mx.array(kept, mx.int32)
+        self.cache = [None if a is None or not kept else a[index] for a in self.cache]
+        self.rows = len(kept)
+
+    def row_cache(self, row: int, length: int | None = None) -> ArraysCache:
+        cache = ArraysCache(len(self.cache))
+        cache.cache = [None if a is None else a[row : row + 1] for a in self.cache]
+        return cache
+
+    def set_lengths(self, lengths: list[int]) -> None:
+        """Rows' lengths say nothing to a recurrent state (it holds no columns)."""
+
+    def prepare_pass(self, widths: list[int], width: int) -> list:
+        """Before a pass over rows feeding `widths` ids (padded to `width`): the state now."""
+        self.lengths = mx.array(widths) if min(widths) < width else None
+        self.left_padding = None
+        return list(self.cache)
+
+    def end_pass(self) -> None:
+        self.lengths = self.left_padding = None  # the model's advance() moved them
+
+    def restore_rows(self, before: list, rows: list[bool]) -> None:
+        """Rows marked True return to their state `before` the pass."""
+        if not any(rows):
+            return
+        marked = mx.array(rows)
+        self.cache = [
+            a
+            if b is None or a is None
+            else mx.where(marked.reshape((-1,) + (1,) * (a.ndim - 1)), b, a)
+            for a, b in zip(self.cache, before)
+        ]
+
+
+def rows_caches(model_cache: list[Any]) -> list[RowsKVCache | RowsArraysCache] | None:
     """Empty batch caches for a model whose one-sequence cache is `model_cache`; None when a
-    layer's cache cannot be batched this way (recurrent state, quantized or chunked caches)."""
+    layer's cache cannot be batched this way (quantized, chunked or composite caches)."""
     if not all(type(c) in ROW_CACHES for c in model_cache):
         return None
-    return [
-        RowsKVCache(c.max_size if isinstance(c, RotatingKVCache) else None) for c in model_cache
-    ]
+    caches: list[RowsKVCache | RowsArraysCache] = []
+    for c in model_cache:
+        if isinstance(c, ArraysCache):
+            caches.append(RowsArraysCache(len(c.cache)))
+        else:
+            caches.append(RowsKVCache(c.max_size if isinstance(c, RotatingKVCache) else None))
+    return caches
