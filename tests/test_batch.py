@@ -1,0 +1,177 @@
+"""Batched speculation (engine/batch.py): several requests decoded together, every row exactly
+what the same request alone would be, on every cache type; one target pass per cycle for all
+rows; rows that join late, end early, stop on a string or are cancelled."""
+
+from __future__ import annotations
+
+import pytest
+import tiny
+from losslesskit import PROMPTS, done_of, reference
+
+from macspec.engine.batch import BatchEngine
+from macspec.engine.drafters import ModelDrafter
+from macspec.engine.events import Cycle, Done, Prefill, Token
+from macspec.engine.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.policy import AutoPolicy, FixedPolicy
+from macspec.engine.sampling import SamplingParams
+
+MAX_TOKENS = [14, 8, 16, 11]
+
+
+def models(kind: str):
+    if kind == "llama":
+        target = tiny.random_model(0, scale=3.0)
+        return target, tiny.noisy_copy(target, 0.05, seed=1)
+    target = tiny.arch_model(kind, 0, scale=3.0)
+    return target, tiny.noisy_arch_copy(target, 0.05, seed=1)
+
+
+def drafting(source: str, draft):
+    if source == "lookup":
+        return lambda: LookupDrafter()
+    if source == "hybrid":
+        return lambda: HybridDrafter(ModelDrafter(draft))
+    return lambda: ModelDrafter(draft)
+
+
+def run_all(engine: BatchEngine, prompts, configs, step_between: bool = True):
+    """Admit every request (prefilled in chunks, cycles of the others in between) and decode
+    until all are done; their events by row."""
+    rows = []
+    for i, (prompt, config) in enumerate(zip(prompts, configs)):
+        rows.append(engine.admit(prompt, config))
+        while not engine.prefill_step(rows[-1], chunk=5):
+            if step_between:
+                engine.step()
+        if step_between and i % 2:
+            engine.step()
+    while any(row.done is None for row in rows):
+        engine.step()
+    return rows
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3_5", "gemma3_text", "mamba2"])
+@pytest.mark.parametrize("source", ["model", "lookup"])
+def test_every_row_is_the_target_alone_greedy(tok, kind, source):
+    target, draft = models(kind)
+    prompts = [tok.encode(text) for text in PROMPTS[:4]]
+    wants = [reference(target, p, m) for p, m in zip(prompts, MAX_TOKENS)]
+    engine = BatchEngine(target, tok, drafting(source, draft), lambda d: FixedPolicy(3))
+    configs = [GenerationConfig(max_tokens=m) for m in MAX_TOKENS]
+    rows = run_all(engine, prompts, configs)
+    for row, want in zip(rows, wants):
+        assert row.done.tokens == want, f"{kind} {source}"
+    if source == "model":  # a noisy copy of the target: most guesses kept
+        assert any(row.done.stats.draft_accepted for row in rows)
+    assert max(row.done.stats.rows_per_pass for row in rows) > 1  # they did share passes
+
+
+def test_seeded_rows_are_their_seeded_samples_alone(tok):
+    """Each row samples with its own settings and seed; the coupled sampler keys its noise by
+    seed and position, so a row is the same request alone, whatever drafts beside it."""
+    target, draft = models("llama")
+    prompts = [tok.encode(text) for text in PROMPTS[:4]]
+    settings = [SamplingParams(temperature=t, top_p=p) for t, p in [(0.7, 1.0), (1.0, 0.9)]]
+    configs = [
+        GenerationConfig(max_tokens=12, sampling=settings[i % 2], seed=10 + i)
+        for i in range(len(prompts))
+    ]
+    wants = [done_of(Engine(target, tok).generate(p, c)).tokens for p, c in zip(prompts, configs)]
+    engine = BatchEngine(target, tok, drafting("hybrid", draft), lambda d: FixedPolicy(4))
+    rows = run_all(engine, prompts, configs)
+    assert [row.done.tokens for row in rows] == wants
+    assert all(row.done.stats.sampler == "coupled" for row in rows)
+
+
+def test_one_target_pass_per_cycle_for_all_rows(tok):
+    target, draft = models("llama")
+    prompts = [tok.encode(text) for text in PROMPTS[:3]]
+    engine = BatchEngine(target, tok, drafting("model", draft), lambda d: FixedPolicy(2))
+    rows = [engine.admit(p, GenerationConfig(max_tokens=30)) for p in prompts]
+    for row in rows:
+        while not engine.prefill_step(row):
+            pass
+    calls = []
+    forward = type(target).__call__
+
+    def counted(self, inputs, *args, **kwargs):
+        if self is target:  # the draft is the same class: its steps are not counted
+            calls.append(inputs.shape)
+        return forward(self, inputs, *args, **kwargs)
+
+    type(target).__call__ = counted
+    try:
+        for _ in range(3):
+            engine.step()
+    finally:
+        type(target).__call__ = forward
+    assert len(calls) == 3 and all(shape[0] == 3 for shape in calls)
+    cycles = [e for row in rows for e in row.events if isinstance(e, Cycle)]
+    assert len(cycles) == 9 and all(c.rows == 3 for c in cycles)
+
+
+def test_rows_end_on_their_own_stops_eos_and_cancel(tok):
+    target, draft = models("llama")
+    prompts = [tok.encode(text) for text in PROMPTS[:3]]
+    alone = [
+        done_of(Engine(target, tok).generate(p, GenerationConfig(max_tokens=20))) for p in prompts
+    ]
+    stop = alone[1].text[3:5]
+    configs = [
+        GenerationConfig(max_tokens=20),
+        GenerationConfig(max_tokens=20, stop_strings=(stop,)),
+        GenerationConfig(max_tokens=20),
+    ]
+    engine = BatchEngine(target, tok, drafting("model", draft), lambda d: AutoPolicy())
+    seen: list[int] = []
+    rows = []
+    for i, (prompt, config) in enumerate(zip(prompts, configs)):
+        cancelled = (lambda: len(seen) >= 4) if i == 2 else None
+        rows.append(engine.admit(prompt, config, cancelled))
+        while not engine.prefill_step(rows[-1]):
+            pass
+    while any(row.done is None for row in rows):
+        engine.step()
+        seen[:] = [e.id for e in rows[2].events if isinstance(e, Token)]
+    assert rows[0].done.tokens == alone[0].tokens
+    assert rows[1].done.finish_reason == "stop_string"
+    assert rows[1].done.text == alone[1].text[: alone[1].text.index(stop)]
+    assert rows[2].done.finish_reason == "cancelled"
+    assert rows[2].done.tokens == alone[2].tokens[: len(rows[2].done.tokens)]
+    assert not engine.rows  # every finished row left the batch
+    kinds = [type(e) for e in rows[0].events]
+    assert kinds[0] is Prefill and kinds[-1] is Done
+
+
+def test_a_row_cancelled_while_it_prefills_never_joins(tok):
+    target, draft = models("llama")
+    engine = BatchEngine(target, tok, drafting("model", draft), lambda d: FixedPolicy(2))
+    prompt = tok.encode(PROMPTS[0] * 4)
+    row = engine.admit(prompt, GenerationConfig(max_tokens=5))
+    engine.prefill_step(row, chunk=4)
+    engine.cancel(row)
+    assert row.done.finish_reason == "cancelled" and not engine.joining and not engine.rows
+    other = engine.admit(tok.encode(PROMPTS[1]), GenerationConfig(max_tokens=6))
+    while not engine.prefill_step(other):
+        pass
+    while other.done is None:
+        engine.step()
+    assert other.done.tokens == reference(target, tok.encode(PROMPTS[1]), 6)
+
+
+def test_a_finished_row_leaves_its_caches_for_the_next_turn(tok):
+    target, draft = models("qwen3_5")
+    prompt = tok.encode(PROMPTS[2])
+    engine = BatchEngine(target, tok, drafting("model", draft), lambda d: FixedPolicy(3))
+    (first,) = run_all(engine, [prompt], [GenerationConfig(max_tokens=8)])
+    turn = prompt + first.done.tokens + tok.encode(" and then")
+    (second,) = run_all(engine, [turn], [GenerationConfig(max_tokens=8)], step_between=False)
+    again = engine.admit(turn, GenerationConfig(max_tokens=8), start_from=first.saved[0])
+    prefill = again.events[0]
+    assert isinstance(prefill, Prefill) and prefill.cached_tokens >= len(prompt) - 1
+    while not engine.prefill_step(again):
+        pass
+    while again.done is None:
+        engine.step()
+    assert again.done.tokens == second.done.tokens == reference(target, turn, 8)
