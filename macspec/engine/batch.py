@@ -22,11 +22,12 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.answer import AnswerState
+from macspec.engine.batch_policy import BatchPricing
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
 from macspec.engine.config import GenerationConfig
 from macspec.engine.drafters import Draft, Drafter
 from macspec.engine.events import Cycle, Done, Event, Prefill, Source
-from macspec.engine.policy import DraftPolicy
+from macspec.engine.policy import AutoPolicy, DraftPolicy
 from macspec.engine.rows import RowsArraysCache, RowsKVCache, rows_caches
 from macspec.engine.sampling import probabilities
 from macspec.engine.taps import Hidden, Taps
@@ -102,6 +103,7 @@ class BatchEngine:
         self.taps = Taps(target, needs) if needs is not None else None
         self.passes = 0
         """Batched target passes run (one per cycle, whatever the number of rows)."""
+        self.pricing = BatchPricing()
 
     # -- joining -------------------------------------------------------------------------------
     def admit(
@@ -157,7 +159,7 @@ class BatchEngine:
         if not rows:
             return
         begun = time.perf_counter()
-        plans = [self._plan(row) for row in rows]
+        plans = [self._plan(row, k) for row, k in zip(rows, self._draft_lengths(rows))]
         drafted = time.perf_counter()
         width = max(len(pending) + len(guesses) for pending, guesses, _, _ in plans)
         inputs = mx.zeros((len(rows), width), mx.uint32)
@@ -187,6 +189,7 @@ class BatchEngine:
         widest = max(r.size for r in reads)
         read = mx.stack([mx.pad(r, (0, widest - r.size)) for r in reads]).tolist()
         verified = time.perf_counter()
+        self.pricing.observe(len(rows) * width, verified - drafted)
         returned = []
         for i, (row, plan, values) in enumerate(zip(rows, plans, read)):
             if hidden is not None:
@@ -205,14 +208,36 @@ class BatchEngine:
             rows_cache.set_lengths([row.fed for row in rows])
         self._leave()
 
-    def _plan(self, row: Row) -> tuple[list[int], Any, Draft | None, int]:
+    def _draft_lengths(self, rows: list[Row]) -> list[int]:
+        """Each row's draft length: rows with a cost-aware policy priced together on the
+        batched pass (batch_policy.py), the others as their own policy says."""
+        lengths = [0] * len(rows)
+        priced = []
+        for i, row in enumerate(rows):
+            if row.drafter is None:
+                continue
+            if type(row.policy) is AutoPolicy:
+                priced.append(i)
+            else:
+                lengths[i] = row.policy.draft_length()
+        if priced:
+            widths = [len(rows[i].context) - rows[i].fed for i in priced]
+            caps = [self._room(rows[i]) for i in priced]
+            policies = [rows[i].policy for i in priced]
+            for i, k in zip(priced, self.pricing.allocate(policies, widths, caps)):
+                lengths[i] = k
+        return lengths
+
+    @staticmethod
+    def _room(row: Row) -> int:
+        """Most guesses a row may take: the target adds one token of its own."""
+        return max(0, row.answer.config.max_tokens - len(row.answer.tokens) - 1)
+
+    def _plan(self, row: Row, requested: int) -> tuple[list[int], Any, Draft | None, int]:
         """(ids to feed again, guesses, the draft, the draft length asked for)."""
         answer = row.answer
         pending = row.context[row.fed :]
-        requested = 0
-        if row.drafter is not None:
-            requested = row.policy.draft_length()
-        k = min(requested, answer.config.max_tokens - len(answer.tokens) - 1)
+        k = min(requested, self._room(row))
         if k <= 0:
             return pending, [], None, requested
         params, rng = answer.config.sampling, answer.rng
@@ -305,6 +330,11 @@ class BatchEngine:
         if row.drafter is not None:
             row.drafter.rollback(min(row.fed, len(row.context) - 1))
         row.done = answer.done(RowView(row))
+        stats = row.done.stats
+        if stats.plain_reason and (stats.rows_per_pass or 1) > 1 and self.pricing.plain:
+            stats.plain_reason = (
+                f"plain: guessing does not pay here at {stats.rows_per_pass:.1f} requests per pass"
+            )
         row.events.append(row.done)
 
     def cancel(self, row: Row) -> None:

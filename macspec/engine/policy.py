@@ -102,6 +102,11 @@ class AutoPolicy:
                 return mean
         return 1.0 if optimistic else 0.5
 
+    @property
+    def guess_cost(self) -> float:
+        """Measured seconds of drafting one guess (0 until measured)."""
+        return self._draft_step.value or 0.0
+
     def pass_time(self, m: int) -> float | None:
         """Estimated seconds of a target pass over m tokens: measured, else a linear fit."""
         measured = {n: e.value for n, e in self._pass_time.items() if e.value is not None}
