@@ -175,3 +175,41 @@ def test_a_finished_row_leaves_its_caches_for_the_next_turn(tok):
     while again.done is None:
         engine.step()
     assert again.done.tokens == second.done.tokens == reference(target, turn, 8)
+
+
+def acceptance_policy(rate: float) -> AutoPolicy:
+    """An AutoPolicy that has measured acceptance `rate` at every position."""
+    policy = AutoPolicy()
+    for i in range(200):  # kept evenly: acceptance decays over recent cycles
+        kept = int((i * rate) % 1 + rate >= 1)
+        policy.observe(Cycle(4, 1, kept, 0.0, 0.0, 0.0, 1, 1, timed=False))
+    assert abs(policy.acceptance(1) - rate) < 0.1
+    return policy
+
+
+@pytest.mark.parametrize(
+    ("cost", "rows", "guesses"),
+    [
+        (lambda m: 0.001 * m, 4, "none"),  # a CPU: a pass over m ids costs m single passes
+        (lambda m: 0.010 + 0.0001 * m, 2, "some"),  # a Mac's GPU with few rows: nearly free
+        (lambda m: 0.010 + 0.0001 * max(0, m - 8) ** 2, 8, "fewer"),  # wide batches get dear
+    ],
+)
+def test_the_batch_prices_guesses_on_its_pass_cost(cost, rows, guesses):
+    from macspec.engine.batch_policy import BatchPricing
+
+    pricing = BatchPricing(probe_every=1000)
+    for m in range(1, 80):
+        pricing.observe(m, cost(m))
+    policies = [acceptance_policy(0.8) for _ in range(rows)]
+    ks = pricing.allocate(policies, [1] * rows, [8] * rows)
+    if guesses == "none":
+        assert ks == [0] * rows and pricing.plain
+    else:
+        assert sum(ks) > 0 and not pricing.plain
+    if guesses == "fewer":
+        few = BatchPricing(probe_every=1000)
+        for m in range(1, 80):
+            few.observe(m, cost(m))
+        ks_two = few.allocate([acceptance_policy(0.8) for _ in range(2)], [1, 1], [8, 8])
+        assert max(ks) < max(ks_two)  # more rows: each gets fewer guesses

@@ -2,10 +2,11 @@
 over the total ids, not on one row's pass alone.
 
 Speculation and batching compete for the same idle compute: a pass over 8 rows of 5 ids each
-is no longer nearly free. So the cycle's guesses are allocated across rows together: starting
-from none, the next guess goes to the row whose next guess is likeliest to be kept (its
-measured acceptance by position), as long as the expected tokens per second of the whole
-cycle rise (tokens kept over the batched pass time for the total ids, plus drafting). Where
+is no longer nearly free. The padded pass is as wide as its widest row, so the cycle's width
+is chosen for all rows together: the one whose expected tokens per second is highest (every
+row's expected kept tokens, from its measured acceptance by position, over the batched pass
+time for rows x width ids plus the drafting), then a row's last guesses are taken back where
+drafting them costs more than they keep. Where
 no guess pays at this width (a CPU, or many rows on an M1), the batch decodes plainly, and
 the rows' stats say so; guesses are probed now and then so the figures stay fresh.
 """
@@ -58,33 +59,39 @@ class BatchPricing:
             ks = [min(p.draft_length(), cap) for p, cap in zip(policies, caps)]
             self.plain = False
             return ks
-        chains = [1.0] * len(policies)
-        tokens = float(len(policies))
-        best = self._rate(tokens, ks, widths, policies)
-        while True:
-            candidates = [
-                (chains[i] * policies[i].acceptance(ks[i] + 1), i)
-                for i in range(len(ks))
-                if ks[i] < min(caps[i], self.max_k)
-            ]
-            if not candidates:
-                break
-            gain, i = max(candidates)
-            ks[i] += 1
-            rate = self._rate(tokens + gain, ks, widths, policies)
-            if rate is None or rate <= best:
-                ks[i] -= 1
-                break
-            best, tokens, chains[i] = rate, tokens + gain, chains[i] * policies[i].acceptance(ks[i])
+        # The pass is as wide as its widest row: choose the width first (every row guessing up
+        # to it), then take back the guesses that cost more drafting than they keep.
+        best_rate, best = self._rate(ks, widths, policies), ks
+        for width in range(max(widths) + 1, max(widths) + self.max_k + 1):
+            trial = [min(cap, self.max_k, width - w) for w, cap in zip(widths, caps)]
+            rate = self._rate(trial, widths, policies)
+            if rate is not None and (best_rate is None or rate > best_rate):
+                best_rate, best = rate, trial
+        ks = list(best)
+        for i in range(len(ks)):
+            while ks[i] > 0:
+                trial = ks[:i] + [ks[i] - 1] + ks[i + 1 :]
+                rate = self._rate(trial, widths, policies)
+                if rate is None or best_rate is None or rate <= best_rate:
+                    break
+                ks, best_rate = trial, rate
         self.plain = not any(ks) and any(caps)
         for policy, k in zip(policies, ks):
             policy.last_choice = k
         return ks
 
-    def _rate(self, tokens: float, ks: list[int], widths: list[int], policies) -> float | None:
+    def _rate(self, ks: list[int], widths: list[int], policies: list[AutoPolicy]) -> float | None:
+        """Expected tokens per second of a cycle where row i guesses ks[i]."""
         width = max(w + k for w, k in zip(widths, ks))
         verify = self.pass_time(len(ks) * width)
         if verify is None:
             return None
+        tokens = 0.0
+        for k, policy in zip(ks, policies):
+            chain = 1.0
+            tokens += 1.0
+            for position in range(1, k + 1):
+                chain *= policy.acceptance(position)
+                tokens += chain
         drafting = sum(k * p.guess_cost for k, p in zip(ks, policies))
         return tokens / (verify + drafting)
