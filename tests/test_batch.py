@@ -213,3 +213,36 @@ def test_the_batch_prices_guesses_on_its_pass_cost(cost, rows, guesses):
             few.observe(m, cost(m))
         ks_two = few.allocate([acceptance_policy(0.8) for _ in range(2)], [1, 1], [8, 8])
         assert max(ks) < max(ks_two)  # more rows: each gets fewer guesses
+
+
+@pytest.mark.parametrize("head", ["mtp", "dflash"])
+def test_drafters_that_read_the_target_draft_in_a_batch(tok, tmp_path, head):
+    """Each row's MTP head or DFlash drafter gets its own rows of the batched pass's hidden
+    states; every row is still the target alone."""
+    from macspec.engine.dflash import DFlashDrafter
+    from macspec.engine.mtp import MTPDrafter
+    from macspec.models.drafters import load_dflash, load_mtp
+
+    if head == "mtp":
+        target = tiny.near_bigram(tiny.arch_model("qwen3_5", 0, scale=3.0), mix=0.02)
+        folder = tiny.save_mtp_folder(target, tmp_path, noise=0.005)
+        weights = load_mtp(folder, tiny.CONFIGS[id(target)])
+
+        def new_drafter():
+            return MTPDrafter(weights, target)
+    else:
+        target = tiny.arch_model("qwen3", 0, scale=3.0)
+        folder = tiny.save_dflash_folder(tmp_path, target_layer_ids=(0, 1))
+        weights = load_dflash(folder, tiny.CONFIGS[id(target)])
+
+        def new_drafter():
+            return DFlashDrafter(weights, target)
+
+    prompts = [tok.encode(text) for text in PROMPTS[:3]]
+    wants = [reference(target, p, 12) for p in prompts]
+    engine = BatchEngine(target, tok, new_drafter, lambda d: FixedPolicy(3))
+    rows = run_all(engine, prompts, [GenerationConfig(max_tokens=12)] * 3)
+    assert [row.done.tokens for row in rows] == wants
+    assert all(row.done.stats.draft_proposed for row in rows)
+    if head == "mtp":  # a head trained to agree: it keeps guesses in the batch too
+        assert all(row.done.stats.draft_accepted for row in rows)
