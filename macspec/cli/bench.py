@@ -129,6 +129,15 @@ def bench(
             "--plot", help="Also draw the speedups and cost curve (PNG; needs matplotlib)."
         ),
     ] = None,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency",
+            metavar="N[,N...]",
+            help="Several requests at once instead: macspec's batched speculation beside "
+            "mlx-lm's batched generation at each number of clients, e.g. 1,2,4,8.",
+        ),
+    ] = None,
 ) -> None:
     """Benchmark plain, mlx-lm and macspec decoding on one pair, interleaved prompt by prompt.
 
@@ -150,6 +159,19 @@ def bench(
 
     sharded = launched()  # under mlx.launch: the target is sharded over every rank
     resolved = resolve_models(pair, model, draft_model)
+    if concurrency is not None:
+        levels = parse_levels(concurrency)
+        if sharded:
+            fail("--concurrency: a target sharded over ranks decodes one request at a time")
+        chosen = (
+            prompt_sets.load_prompts(prompts)
+            if prompts is not None
+            else prompt_sets.builtin(quick=quick, name=prompt_set)
+        )
+        bench_concurrency(
+            resolved, chosen, levels, max_tokens or (32 if quick else 128), draft, k, as_json
+        )
+        return
     folders = drafter_folders(resolved, "auto")
     if sharded:  # heads that read a sharded target's hidden states: not yet
         folders = {kind: path for kind, path in folders.items() if kind not in HEAD_KINDS}
@@ -243,3 +265,44 @@ def bench(
             plot(rep, plot_file)
             if not as_json:
                 typer.echo(f"plot: {plot_file}")
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        fail(f"--concurrency must be a comma-separated list such as 1,2,4,8, got {text!r}")
+    if not levels or any(n < 1 or n > 64 for n in levels):
+        fail(f"--concurrency must list numbers of clients from 1 to 64, got {text!r}")
+    return levels
+
+
+def bench_concurrency(resolved, chosen, levels, max_tokens: int, draft, k, as_json: bool) -> None:
+    """The --concurrency table: macspec's batch and mlx-lm's, at each number of clients."""
+    from macspec.bench.concurrency import levels_json, render_levels, run_levels
+    from macspec.models.build import batch_engine_for, load_for_drafting
+    from macspec.models.templates import encode_prompt
+
+    err = Console(stderr=True)
+    source = None if draft in (None, "all") else draft
+    loaded, kind, spec = load_for_drafting(resolved, k, False, source)
+    for warning in loaded.warnings:
+        err.print(f"macspec: warning: {warning}", highlight=False)
+    ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
+
+    def new_engine():
+        return batch_engine_for(loaded, kind, spec)
+
+    with _progress_bar(err) as bar:
+        task = bar.add_task("loading", total=None)
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=what)
+
+        levels_run = run_levels(
+            new_engine, loaded.target, loaded.tokenizer, ids, levels, max_tokens, progress
+        )
+    if as_json:
+        typer.echo(json.dumps(levels_json(levels_run), indent=2))
+    else:
+        render_levels(levels_run, Console(width=min(Console().width, 100)))

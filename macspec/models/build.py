@@ -109,6 +109,16 @@ def build_batch_engine(
     """Load the models into an engine that decodes several requests together, each row with
     a drafter and a policy of its own (the same kinds `build_engine` makes)."""
     loaded, source, spec = load_for_drafting(resolved, num_draft_tokens, no_draft, draft)
+    return batch_engine_for(loaded, None if no_draft else source, spec, cache_options), loaded
+
+
+def batch_engine_for(
+    loaded: LoadedModels,
+    source: str | None,
+    spec: str,
+    cache_options: CacheOptions = DEFAULT_CACHE,
+) -> BatchEngine:
+    """A BatchEngine over loaded models whose rows draft with `source` (None: plainly)."""
     make_policy(spec)  # checked now, not at the first request
 
     def new_drafter() -> Drafter:
@@ -117,15 +127,14 @@ def build_batch_engine(
     def new_policy(drafter: Drafter):
         return drafter if isinstance(drafter, DrafterChoice) else make_policy(spec)
 
-    engine = BatchEngine(
+    return BatchEngine(
         loaded.target,
         loaded.tokenizer,
-        None if no_draft else new_drafter,
+        None if source is None else new_drafter,
         new_policy,
         loaded.vocab_size,
         cache_options,
     )
-    return engine, loaded
 
 
 def load_for_drafting(
