@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.answer import AnswerState
+from macspec.engine.batch_draft import BatchDraftModel
 from macspec.engine.batch_policy import BatchPricing
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
 from macspec.engine.config import GenerationConfig
@@ -99,6 +100,8 @@ class BatchEngine:
         self.joining: list[Row] = []
         self.drafter = new_drafter() if new_drafter is not None else None
         """A drafter of the kind every row gets (for its name and what it reads)."""
+        self.batch_draft = BatchDraftModel.able(self.drafter)
+        """Draft-model rows drafting in batched steps (None: each row drafts on its own)."""
         needs = getattr(self.drafter, "needs", None)
         self.taps = Taps(target, needs) if needs is not None else None
         self.passes = 0
@@ -145,6 +148,8 @@ class BatchEngine:
             row.drafter.start(row.prompt)
         for rows_cache, layer_cache in zip(self.caches, row.alone.cache):
             rows_cache.add_row(layer_cache)
+        if self.batch_draft is not None:
+            self.batch_draft.add_row(row.drafter)
         row.checkpoints = dict(row.alone._checkpoints)
         row.fed, row.context, row.alone = len(row.alone), list(row.prompt), None
         self.joining.remove(row)
@@ -159,7 +164,12 @@ class BatchEngine:
         if not rows:
             return
         begun = time.perf_counter()
-        plans = [self._plan(row, k) for row, k in zip(rows, self._draft_lengths(rows))]
+        ks = [min(k, self._room(row)) for row, k in zip(rows, self._draft_lengths(rows))]
+        drafts = self._batch_drafts(rows, ks) if self.batch_draft is not None else None
+        plans = [
+            self._plan(row, k, drafts[i] if drafts else None)
+            for i, (row, k) in enumerate(zip(rows, ks))
+        ]
         drafted = time.perf_counter()
         width = max(len(pending) + len(guesses) for pending, guesses, _, _ in plans)
         inputs = mx.zeros((len(rows), width), mx.uint32)
@@ -233,16 +243,33 @@ class BatchEngine:
         """Most guesses a row may take: the target adds one token of its own."""
         return max(0, row.answer.config.max_tokens - len(row.answer.tokens) - 1)
 
-    def _plan(self, row: Row, requested: int) -> tuple[list[int], Any, Draft | None, int]:
+    def _batch_drafts(self, rows: list[Row], ks: list[int]) -> list[Draft] | None:
+        """Every row's draft from the draft model's batched steps (None: nobody guesses)."""
+        if not any(ks):
+            return None
+        params = [row.answer.config.sampling for row in rows]
+        draws = [
+            row.answer.rng.draws(k, len(row.context)) if row.answer.rng is not None and k else None
+            for row, k in zip(rows, ks)
+        ]
+        floors = [row.policy.confidence_floor for row in rows]
+        contexts = [row.context for row in rows]
+        return self.batch_draft.propose(contexts, ks, params, draws, floors)
+
+    def _plan(
+        self, row: Row, k: int, draft: Draft | None = None
+    ) -> tuple[list[int], Any, Draft | None, int]:
         """(ids to feed again, guesses, the draft, the draft length asked for)."""
         answer = row.answer
         pending = row.context[row.fed :]
-        k = min(requested, self._room(row))
         if k <= 0:
-            return pending, [], None, requested
-        params, rng = answer.config.sampling, answer.rng
-        draws = rng.draws(k, len(row.context)) if rng is not None else None
-        draft = row.drafter.propose(row.context, k, params, draws, row.policy.confidence_floor)
+            return pending, [], None, k
+        if draft is None:
+            params, rng = answer.config.sampling, answer.rng
+            draws = rng.draws(k, len(row.context)) if rng is not None else None
+            floor = row.policy.confidence_floor
+            draft = row.drafter.propose(row.context, k, params, draws, floor)
+        requested = k
         guesses = draft.tokens
         if not isinstance(guesses, mx.array):
             guesses = mx.array(list(guesses), mx.uint32)
@@ -288,8 +315,7 @@ class BatchEngine:
         if not returned:
             row.fed += valid  # else: back to before the pass (see `step`)
         row.context += kept
-        if row.drafter is not None:
-            row.drafter.rollback(len(row.context) - 1)
+        self._draft_rollback(row, len(row.context) - 1)
         cycle = Cycle(
             requested=requested,
             proposed=cut,
@@ -327,8 +353,7 @@ class BatchEngine:
         if not self.recurrent:  # attention keeps only what was delivered
             row.fed = min(row.fed, len(row.context) - 1)
         row.held = full[: row.fed]  # a recurrent state holds what it was fed, delivered or not
-        if row.drafter is not None:
-            row.drafter.rollback(min(row.fed, len(row.context) - 1))
+        self._draft_rollback(row, min(row.fed, len(row.context) - 1))
         row.done = answer.done(RowView(row))
         stats = row.done.stats
         if stats.plain_reason and (stats.rows_per_pass or 1) > 1 and self.pricing.plain:
@@ -336,6 +361,12 @@ class BatchEngine:
                 f"plain: guessing does not pay here at {stats.rows_per_pass:.1f} requests per pass"
             )
         row.events.append(row.done)
+
+    def _draft_rollback(self, row: Row, keep: int) -> None:
+        if self.batch_draft is not None and row in self.rows:
+            self.batch_draft.rollback(self.rows.index(row), keep)
+        elif row.drafter is not None:
+            row.drafter.rollback(keep)
 
     def cancel(self, row: Row) -> None:
         """End a row now (its client went away): it leaves the batch at once."""
@@ -360,16 +391,21 @@ class BatchEngine:
                 continue
             cache = [rows_cache.row_cache(index, row.fed) for rows_cache in self.caches]
             saved = [SavedCache(tuple(row.held), cache, row.checkpoints)]
-            state = getattr(row.drafter, "state", None) or getattr(
-                getattr(row.drafter, "model", None), "state", None
-            )
-            if isinstance(state, CachedModel):
-                saved.append(state.save())
+            if self.batch_draft is not None:
+                saved.append(self.batch_draft.saved(index, row.context))
+            else:
+                state = getattr(row.drafter, "state", None) or getattr(
+                    getattr(row.drafter, "model", None), "state", None
+                )
+                if isinstance(state, CachedModel):
+                    saved.append(state.save())
             row.saved = saved
         if len(kept) == len(self.rows):
             return
         for rows_cache in self.caches:
             rows_cache.keep_rows(kept)
+        if self.batch_draft is not None:
+            self.batch_draft.keep_rows(kept)
         self.rows = [self.rows[i] for i in kept]
 
 
