@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from macspec.engine import recurrent
 from macspec.engine.answer import AnswerState
 from macspec.engine.batch_draft import BatchDraftModel
 from macspec.engine.batch_policy import BatchPricing
@@ -95,6 +97,12 @@ class BatchEngine:
         self.caches: list[RowsKVCache | RowsArraysCache] = caches
         self.recurrent = any(isinstance(c, RowsArraysCache) for c in caches)
         """Whether some layer keeps recurrent state (a rejected guess costs a re-feed)."""
+        recorded = recurrent.install(target)
+        self.rewinds = recorded > 0 and recorded == sum(
+            isinstance(c, RowsArraysCache) for c in caches
+        )
+        """Whether every recurrent layer is Gated DeltaNet: a row that rejects is rewound to
+        its kept ids from what the pass recorded (recurrent.py), with nothing fed again."""
         self.rows: list[Row] = []
         """Rows in the batch, in the batch's order (rows still prefilling are not in it)."""
         self.joining: list[Row] = []
@@ -182,14 +190,17 @@ class BatchEngine:
         widths = [len(pending) + len(guesses) for pending, guesses, _, _ in plans]
         for rows_cache in self.caches:
             rows_cache.set_lengths(lengths)
-        recurrent = [c for c in self.caches if isinstance(c, RowsArraysCache)]
-        before = [c.prepare_pass(widths, width) for c in recurrent]
-        if self.taps is not None:
-            with self.taps.record(batch=True) as hidden:
-                logits = self.model(inputs, cache=self.caches)
-        else:
-            hidden, logits = None, self.model(inputs, cache=self.caches)
-        for c in recurrent:
+        states = [c for c in self.caches if isinstance(c, RowsArraysCache)]
+        before = [c.prepare_pass(widths, width) for c in states]
+        with ExitStack() as stack:
+            record = None
+            if self.rewinds:
+                record = stack.enter_context(recurrent.recording(recurrent.PassRecord()))
+            hidden = None
+            if self.taps is not None:
+                hidden = stack.enter_context(self.taps.record(batch=True))
+            logits = self.model(inputs, cache=self.caches)
+        for c in states:
             c.end_pass()
         self.passes += 1
         reads = []
@@ -209,11 +220,17 @@ class BatchEngine:
                     layers={k: v[i, :n] for k, v in hidden.layers.items()},
                 )
                 row.drafter.add_hidden(row.fed, part)
-            returned.append(self._settle(row, plan, values, len(rows), begun, drafted, verified))
-        # A row that kept fewer ids than it fed: its recurrent state returns to before the
-        # pass (attention is simply shorter), and it feeds the kept ids again next cycle.
-        for c, state in zip(recurrent, before):
-            c.restore_rows(state, returned)
+            valid = self._settle(row, plan, values, len(rows), begun, drafted, verified)
+            returned.append(valid if valid is not None and not self.rewinds else None)
+            if valid is not None and self.rewinds:  # recomputed at the kept ids, exactly
+                for j, c in enumerate(states):
+                    conv, state = recurrent.states_after(record, j, valid, row=i)
+                    c.cache[0][i : i + 1], c.cache[1][i : i + 1] = conv, state
+                row.fed += valid
+        # Otherwise a row that kept fewer ids than it fed returns its recurrent state to before
+        # the pass (attention is simply shorter), and feeds the kept ids again next cycle.
+        for c, state in zip(states, before):
+            c.restore_rows(state, [r is not None for r in returned])
         for rows_cache in self.caches:
             rows_cache.set_lengths([row.fed for row in rows])
         self._leave()
@@ -300,9 +317,9 @@ class BatchEngine:
         head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
         return mx.concatenate([head, guesses.astype(mx.int32)])
 
-    def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> bool:
-        """Keep what the verdict kept; True when the row's recurrent state must return to
-        before the pass."""
+    def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> int | None:
+        """Keep what the verdict kept; where the row's recurrent state holds ids that were not
+        kept, the count that were (the caller rewinds or restores the state), else None."""
         pending, guesses, draft, requested = plan
         cut, n, token = values[0], values[1], values[2]
         counted = values[3 : 3 + cut]
@@ -313,7 +330,7 @@ class BatchEngine:
         valid = len(pending) + n  # the verified ids that stay; the rest is never seen again
         returned = self.recurrent and valid < len(pending) + len(guesses)
         if not returned:
-            row.fed += valid  # else: back to before the pass (see `step`)
+            row.fed += valid  # else: rewound or restored (see `step`)
         row.context += kept
         self._draft_rollback(row, len(row.context) - 1)
         cycle = Cycle(
@@ -327,6 +344,7 @@ class BatchEngine:
             draft_fed=draft.fed if draft is not None else 0,
             draft_source=draft.source if draft is not None and cut else None,
             fed=len(pending) + len(guesses),
+            refed=len(pending) - 1,
             timed=True,
             rows=rows,
         )
@@ -343,7 +361,7 @@ class BatchEngine:
                 break
         if answer.finish is not None:
             self._finish(row)
-        return returned
+        return valid if returned else None
 
     def _finish(self, row: Row) -> None:
         """The row's Done, and its caches kept as far as ids were delivered."""

@@ -96,13 +96,21 @@ def recording(record: PassRecord) -> Iterator[PassRecord]:
         _active.record = None
 
 
-def states_after(record: PassRecord, index: int, kept: int) -> tuple[mx.array, Any]:
+def states_after(
+    record: PassRecord, index: int, kept: int, row: int | None = None
+) -> tuple[mx.array, Any]:
     """(conv state, delta-rule state) of the `index`-th recorded layer after the first `kept`
-    ids of the pass, recomputed from what the pass recorded."""
+    ids of the pass, recomputed from what the pass recorded; with `row`, of that row of a
+    batched pass (its first `kept` ids are its own, never padding)."""
     args, kwargs = record.deltas[index]
     q, k, v, a, b, a_log, dt_bias = args[:7]
     state = args[7] if len(args) > 7 else kwargs.get("state")
     conv_input = record.convs[index]
+    if row is not None:
+        one = slice(row, row + 1)
+        q, k, v, a, b = (x[one] for x in (q, k, v, a, b))
+        state = None if state is None else state[one]
+        conv_input = conv_input[one]
     width = conv_input.shape[1] - q.shape[1]  # the conv state's rows: kernel size - 1
     conv = mx.contiguous(conv_input[:, kept : kept + width, :])
     if kept == 0:
