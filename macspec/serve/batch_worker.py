@@ -63,10 +63,16 @@ class BudgetWatch:
         self.budget = job.budget
         self.splitter = ReasoningSplitter(job.budget.inside)
         self.spent = 0
+        self.seen = 0
+        """Characters of the row's text already fed (a new row starts again at 0)."""
 
-    def token(self, text: str) -> None:
+    def check(self, answer) -> bool:
+        """After each token of the row's answer: count it, and whether the budget is spent."""
+        text = answer.detokenizer.text
         self.spent += self.splitter.in_reasoning
-        self.splitter.feed(text)
+        self.splitter.feed(text[self.seen :])
+        self.seen = len(text)
+        return self.over
 
     @property
     def over(self) -> bool:
@@ -158,12 +164,14 @@ class BatchWorker(Worker):
             start = self.states.best(prompt)
             if job.budget is not None and job not in self.watches:
                 self.watches[job] = BudgetWatch(job)
+            holder: list[Row] = []
             row = self.engine.admit(
                 prompt,
                 job.config if config is None else config,
-                cancelled=self._cancel_check(job),
+                cancelled=self._cancel_check(job, holder),
                 start_from=start[0] if start else None,
             )
+            holder.append(row)
             if start and len(start) > 1 and getattr(row.drafter, "state", None) is not None:
                 row.drafter.state.load(start[1])
         except Exception as exc:
@@ -173,11 +181,13 @@ class BatchWorker(Worker):
             job.started_at = time.perf_counter()
         self.rows[job] = row
 
-    def _cancel_check(self, job: Job) -> Callable[[], bool]:
+    def _cancel_check(self, job: Job, holder: list[Row]) -> Callable[[], bool]:
+        """What ends the row early: its client gone, or its thinking budget spent."""
         watch = self.watches.get(job)
         if watch is None:
             return job.cancelled
-        return lambda: job.cancelled() or watch.over
+        watch.seen = 0
+        return lambda: job.cancelled() or watch.check(holder[0].answer)
 
     def _drop_gone(self) -> None:
         for job, row in list(self.rows.items()):
@@ -197,12 +207,9 @@ class BatchWorker(Worker):
         """Hand each row's new events to its request; finished requests leave."""
         for job, row in list(self.rows.items()):
             events, row.events = row.events, []
-            watch = self.watches.get(job)
             for event in events:
                 if isinstance(event, Cycle):
                     continue
-                if isinstance(event, Token) and watch is not None:
-                    watch.token(event.text)
                 if isinstance(event, Done):
                     self._done(job, row, event)
                     break
