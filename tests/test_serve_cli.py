@@ -99,3 +99,26 @@ def test_serve_end_to_end_and_a_stop_drains(folders, tmp_path, stop):
     assert "POST /v1/chat/completions 413" in text
     with pytest.raises(httpx.ConnectError):
         httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
+
+
+def test_a_taken_port_is_said_before_the_model_loads(folders, capsys, monkeypatch):
+    import socket
+
+    loads = []
+    monkeypatch.setattr("macspec.models.pairs.open_pair", lambda *a, **k: loads.append(1))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = str(taken.getsockname()[1])
+        assert main(["serve", "--model", str(folders[0]), "--port", port]) == 2
+    finally:
+        taken.close()
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "loading" not in err
+    assert loads == []  # refused before any weight was read
+
+
+def test_max_batch_is_checked(folders, capsys):
+    assert main(["serve", "--model", str(folders[0]), "--max-batch", "0"]) == 2
+    assert "--max-batch" in capsys.readouterr().err
