@@ -125,16 +125,16 @@ class RowsKVCache:
         length = self.lengths[row] if length is None else length
         if self.window is None:
             cache = KVCache()
-            if length:
-                cache.keys = self.keys[row : row + 1, :, :length, :]
-                cache.values = self.values[row : row + 1, :, :length, :]
+            if length:  # copies: a slice would keep the whole batch's buffer alive
+                cache.keys = mx.contiguous(self.keys[row : row + 1, :, :length, :])
+                cache.values = mx.contiguous(self.values[row : row + 1, :, :length, :])
             cache.offset = length
             return cache
         cache = RotatingKVCache(max_size=self.window, keep=0)
         held = min(length, self.window)
         if held:
-            cache.keys = self.keys[row : row + 1, :, length - held : length, :]
-            cache.values = self.values[row : row + 1, :, length - held : length, :]
+            cache.keys = mx.contiguous(self.keys[row : row + 1, :, length - held : length, :])
+            cache.values = mx.contiguous(self.values[row : row + 1, :, length - held : length, :])
         cache.offset, cache._idx = length, held
         return cache
 
@@ -187,7 +187,7 @@ class RowsArraysCache(ArraysCache):
 
     def row_cache(self, row: int, length: int | None = None) -> ArraysCache:
         cache = ArraysCache(len(self.cache))
-        cache.cache = [None if a is None else a[row : row + 1] for a in self.cache]
+        cache.cache = [None if a is None else mx.contiguous(a[row : row + 1]) for a in self.cache]
         return cache
 
     def set_lengths(self, lengths: list[int]) -> None:
