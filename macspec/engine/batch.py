@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -26,48 +25,17 @@ from macspec.engine import recurrent
 from macspec.engine.answer import AnswerState
 from macspec.engine.batch_draft import BatchDraftModel
 from macspec.engine.batch_policy import BatchPricing
+from macspec.engine.batch_row import Row, RowView, row_verdict
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
 from macspec.engine.config import GenerationConfig
 from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.events import Cycle, Done, Event, Prefill, Source
+from macspec.engine.events import Cycle, Prefill, Source
 from macspec.engine.policy import AutoPolicy, DraftPolicy
 from macspec.engine.rows import RowsArraysCache, RowsKVCache, rows_caches
-from macspec.engine.sampling import probabilities
 from macspec.engine.taps import Hidden, Taps
-from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
 
 PREFILL_CHUNK = 512
 """Prompt ids a joining row prefills between two cycles of the running rows."""
-
-
-@dataclass
-class Row:
-    """One request in the batch."""
-
-    prompt: list[int]
-    answer: AnswerState
-    drafter: Drafter | None
-    policy: DraftPolicy | None
-    alone: CachedModel | None
-    """The target's cache while the prompt is prefilled alone (None once in the batch)."""
-    to_prefill: list[int] = field(default_factory=list)
-    context: list[int] = field(default_factory=list)
-    """The prompt and every delivered id."""
-    fed: int = 0
-    """Ids of `context` the batch cache holds for this row."""
-    events: list[Event] = field(default_factory=list)
-    """Events not yet taken by the caller."""
-    done: Done | None = None
-    checkpoints: dict = field(default_factory=dict)
-    """The prompt's checkpoint from its prefill (where a later turn can return to)."""
-    held: list[int] = field(default_factory=list)
-    """The ids the row's caches hold when it leaves the batch."""
-    saved: list[SavedCache] | None = None
-    """A finished row's caches (target, then draft model), for a prompt cache to keep."""
-
-    @property
-    def decoding(self) -> bool:
-        return self.alone is None and self.done is None
 
 
 class BatchEngine:
@@ -205,7 +173,9 @@ class BatchEngine:
         self.passes += 1
         reads = []
         for i, (row, plan) in enumerate(zip(rows, plans)):
-            reads.append(self._verdict(row, plan, logits[i, : len(plan[0]) + len(plan[1])]))
+            reads.append(
+                row_verdict(row, plan, logits[i, : len(plan[0]) + len(plan[1])], self.vocab_size)
+            )
         # The cycle's one wait: every row's verdict and guesses.
         widest = max(r.size for r in reads)
         read = mx.stack([mx.pad(r, (0, widest - r.size)) for r in reads]).tolist()
@@ -291,31 +261,6 @@ class BatchEngine:
         if not isinstance(guesses, mx.array):
             guesses = mx.array(list(guesses), mx.uint32)
         return pending, guesses, draft, requested
-
-    def _verdict(self, row: Row, plan, logits: mx.array) -> mx.array:
-        """[cut, accepted, token, guesses...] for one row, on the device."""
-        pending, guesses, draft, _ = plan
-        params, rng = row.answer.config.sampling, row.answer.rng
-        if not isinstance(guesses, mx.array):
-            guesses = mx.array(guesses, mx.uint32)
-        logits = logits[len(pending) - 1 :, : self.vocab_size]
-        floor = row.policy.confidence_floor if row.policy is not None else None
-        confidence = draft.confidence if draft is not None else None
-        cut = counted_guesses(guesses, confidence, floor)
-        position = len(row.context)
-        if params.greedy:
-            accepted, token = greedy_verdict(logits, guesses, cut)
-        elif rng.noise is not None:  # coupled: the row's own seeded picks, kept while equal
-            scores = mx.log(probabilities(logits, params))
-            scores = scores + rng.noise.rows(position, scores.shape[0], scores.shape[-1])
-            accepted, token = greedy_verdict(scores, guesses, cut)
-        elif guesses.size == 0:  # a plain step samples as the single loop's plain step does
-            accepted, token = mx.array(0), rng.pick(probabilities(logits, params), position)[0]
-        else:
-            p = probabilities(logits, params)
-            accepted, token = sampled_verdict(p, draft.q, guesses, cut, rng.keys.next())
-        head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
-        return mx.concatenate([head, guesses.astype(mx.int32)])
 
     def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> int | None:
         """Keep what the verdict kept; where the row's recurrent state holds ids that were not
@@ -425,11 +370,3 @@ class BatchEngine:
         if self.batch_draft is not None:
             self.batch_draft.keep_rows(kept)
         self.rows = [self.rows[i] for i in kept]
-
-
-class RowView:
-    """What `AnswerState.done` reads of an engine, for one row."""
-
-    def __init__(self, row: Row):
-        self.policy = row.policy
-        self.drafter = row.drafter

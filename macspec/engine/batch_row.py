@@ -1,0 +1,79 @@
+"""One request in a batch (engine/batch.py): its state, and its verdict on a batched pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from macspec.engine.answer import AnswerState
+from macspec.engine.cached import CachedModel, SavedCache
+from macspec.engine.drafters import Drafter
+from macspec.engine.events import Done, Event
+from macspec.engine.policy import DraftPolicy
+from macspec.engine.sampling import probabilities
+from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
+
+
+@dataclass
+class Row:
+    """One request in the batch."""
+
+    prompt: list[int]
+    answer: AnswerState
+    drafter: Drafter | None
+    policy: DraftPolicy | None
+    alone: CachedModel | None
+    """The target's cache while the prompt is prefilled alone (None once in the batch)."""
+    to_prefill: list[int] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)
+    """The prompt and every delivered id."""
+    fed: int = 0
+    """Ids of `context` the batch cache holds for this row."""
+    events: list[Event] = field(default_factory=list)
+    """Events not yet taken by the caller."""
+    done: Done | None = None
+    checkpoints: dict = field(default_factory=dict)
+    """The prompt's checkpoint from its prefill (where a later turn can return to)."""
+    held: list[int] = field(default_factory=list)
+    """The ids the row's caches hold when it leaves the batch."""
+    saved: list[SavedCache] | None = None
+    """A finished row's caches (target, then draft model), for a prompt cache to keep."""
+
+    @property
+    def decoding(self) -> bool:
+        return self.alone is None and self.done is None
+
+
+def row_verdict(row: Row, plan, logits: mx.array, vocab_size: int | None) -> mx.array:
+    """[cut, accepted, token, guesses...] for one row, on the device."""
+    pending, guesses, draft, _ = plan
+    params, rng = row.answer.config.sampling, row.answer.rng
+    if not isinstance(guesses, mx.array):
+        guesses = mx.array(guesses, mx.uint32)
+    logits = logits[len(pending) - 1 :, :vocab_size]
+    floor = row.policy.confidence_floor if row.policy is not None else None
+    confidence = draft.confidence if draft is not None else None
+    cut = counted_guesses(guesses, confidence, floor)
+    position = len(row.context)
+    if params.greedy:
+        accepted, token = greedy_verdict(logits, guesses, cut)
+    elif rng.noise is not None:  # coupled: the row's own seeded picks, kept while equal
+        scores = mx.log(probabilities(logits, params))
+        scores = scores + rng.noise.rows(position, scores.shape[0], scores.shape[-1])
+        accepted, token = greedy_verdict(scores, guesses, cut)
+    elif guesses.size == 0:  # a plain step samples as the single loop's plain step does
+        accepted, token = mx.array(0), rng.pick(probabilities(logits, params), position)[0]
+    else:
+        p = probabilities(logits, params)
+        accepted, token = sampled_verdict(p, draft.q, guesses, cut, rng.keys.next())
+    head = mx.stack([x.astype(mx.int32) for x in (cut, accepted, token)])
+    return mx.concatenate([head, guesses.astype(mx.int32)])
+
+
+class RowView:
+    """What `AnswerState.done` reads of an engine, for one row."""
+
+    def __init__(self, row: Row):
+        self.policy = row.policy
+        self.drafter = row.drafter
