@@ -134,3 +134,32 @@ def test_a_second_turn_reuses_the_first_turns_caches(server, expected):
     second = api.chat.completions.create(model="tiny", messages=turn, max_tokens=8)
     assert second.usage.prompt_tokens_details.cached_tokens > len(expected.prompt(MESSAGES)) // 2
     assert second.choices[0].message.content == expected.text(turn, 8)
+
+
+def test_a_failed_batched_pass_fails_its_requests_and_the_server_goes_on(server, expected):
+    engine = server.backend.engine
+    forward = type(engine.model).__call__
+    failures = []
+
+    def broken(self, inputs, *args, **kwargs):
+        cache = kwargs.get("cache", args[0] if args else None)
+        if self is engine.model and cache is engine.caches and not failures:
+            failures.append(1)
+            raise RuntimeError("simulated")
+        return forward(self, inputs, *args, **kwargs)
+
+    type(engine.model).__call__ = broken
+    try:
+        reply = httpx.post(
+            server.base_url + "/chat/completions",
+            json={"model": "tiny", "messages": conversation(3), "max_tokens": 6},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=60,
+        )
+    finally:
+        type(engine.model).__call__ = forward
+    assert failures and reply.status_code == 500 and "Traceback" not in reply.text
+    again = client(server).chat.completions.create(
+        model="tiny", messages=conversation(3), max_tokens=6
+    )
+    assert again.choices[0].message.content == expected.text(conversation(3), 6)

@@ -345,6 +345,15 @@ class BatchEngine:
         self._finish(row)
         self._leave()
 
+    def drop_rows(self) -> None:
+        """Drop every row of the batch (after a pass failed: their caches cannot be trusted);
+        rows still prefilling are kept."""
+        self.rows = []
+        for rows_cache in self.caches:
+            rows_cache.keep_rows([])
+        if self.batch_draft is not None:
+            self.batch_draft.keep_rows([])
+
     def _leave(self) -> None:
         """Finished rows leave the batch, their caches saved as one-sequence states."""
         kept = []

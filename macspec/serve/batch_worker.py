@@ -145,12 +145,10 @@ class BatchWorker(Worker):
             if engine.rows:
                 engine.step()
         except Exception as exc:  # a failed batched pass fails every row in it
-            for job, row in list(self.rows.items()):
-                if row in engine.rows:
-                    self._fail(job, exc)
-            engine.rows.clear()
-            for rows_cache in engine.caches:
-                rows_cache.keep_rows([])
+            in_batch = [job for job, row in self.rows.items() if row in engine.rows]
+            engine.drop_rows()
+            for job in in_batch:
+                self._fail(job, exc)
         self._deliver()
         return True
 
