@@ -53,6 +53,8 @@ class Pair:
     """An MTP head for the target (a drafter folder in mlx-vlm's qwen3_5_mtp format), if any."""
     dflash: str | None = None
     """A DFlash block drafter for the target (z-lab's format), if any."""
+    eagle3: str | None = None
+    """An EAGLE-3 head for the target (speculators or EAGLE / SpecForge format), if any."""
     ranks: int = 1
     """Machines the target is meant to be sharded over (mlx.distributed ranks, `mlx.launch`);
     1: one machine. The drafters are replicated on every rank."""
@@ -60,12 +62,14 @@ class Pair:
     @property
     def members(self) -> tuple[str, ...]:
         """The models to download: the target, then whichever drafters the pair has."""
-        return tuple(m for m in (self.target, self.draft, self.mtp, self.dflash) if m is not None)
+        models = (self.target, self.draft, self.mtp, self.dflash, self.eagle3)
+        return tuple(m for m in models if m is not None)
 
     @property
     def heads(self) -> dict[str, str]:
-        """Drafters that read the target, by kind ('mtp', 'dflash')."""
-        return {k: v for k, v in (("mtp", self.mtp), ("dflash", self.dflash)) if v is not None}
+        """Drafters that read the target, by kind ('mtp', 'dflash', 'eagle3')."""
+        heads = (("mtp", self.mtp), ("dflash", self.dflash), ("eagle3", self.eagle3))
+        return {k: v for k, v in heads if v is not None}
 
     @property
     def is_packaged(self) -> bool:
@@ -105,7 +109,8 @@ class ResolvedModels:
     """The catalog pair used, or None when models were given directly with `--model`."""
 
     def head(self, kind: str) -> Path | None:
-        """The pair's drafter of `kind` ('mtp', 'dflash') on disk; None when it has none."""
+        """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
+        none."""
         if self.pair is None or kind not in self.pair.heads:
             return None
         return _pair_model_path(self.pair, self.pair.heads[kind])
@@ -122,13 +127,14 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "size_gb": ((int, float), "a number"),
     "mtp": ((str,), "a string"),
     "dflash": ((str,), "a string"),
+    "eagle3": ((str,), "a string"),
     "ranks": ((int,), "an integer"),
 }
 
 
 MAX_RANKS = 64
 """The most machines a pair may ask for (a sanity bound: a typo, not a cluster)."""
-_OPTIONAL = {"draft", "mtp", "dflash", "ranks"}
+_OPTIONAL = {"draft", "mtp", "dflash", "eagle3", "ranks"}
 """Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
 
 
