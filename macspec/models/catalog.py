@@ -55,6 +55,9 @@ class Pair:
     """A DFlash block drafter for the target (z-lab's format), if any."""
     eagle3: str | None = None
     """An EAGLE-3 head for the target (speculators or EAGLE / SpecForge format), if any."""
+    unsupported: tuple[str, ...] = ()
+    """Drafters published for the target that macspec does not serve, each 'KIND REPO: why':
+    listed by `macspec models`, never downloaded or loaded."""
     ranks: int = 1
     """Machines the target is meant to be sharded over (mlx.distributed ranks, `mlx.launch`);
     1: one machine. The drafters are replicated on every rank."""
@@ -128,13 +131,14 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "mtp": ((str,), "a string"),
     "dflash": ((str,), "a string"),
     "eagle3": ((str,), "a string"),
+    "unsupported": ((list,), "a list of strings"),
     "ranks": ((int,), "an integer"),
 }
 
 
 MAX_RANKS = 64
 """The most machines a pair may ask for (a sanity bound: a typo, not a cluster)."""
-_OPTIONAL = {"draft", "mtp", "dflash", "eagle3", "ranks"}
+_OPTIONAL = {"draft", "mtp", "dflash", "eagle3", "unsupported", "ranks"}
 """Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
 
 
@@ -196,7 +200,11 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
         )
     if not math.isfinite(entry["size_gb"]) or entry["size_gb"] < 0:
         raise MacspecError(f"{where}: size_gb must be finite and not negative")
-    return Pair(**{"draft": None, **entry, "size_gb": float(entry["size_gb"])})
+    notes = entry.get("unsupported", [])
+    if not all(isinstance(note, str) for note in notes):
+        raise MacspecError(f"{where}: 'unsupported' must be a list of strings")
+    fields = {**entry, "size_gb": float(entry["size_gb"]), "unsupported": tuple(notes)}
+    return Pair(**{"draft": None, **fields})
 
 
 def load_catalog() -> Catalog:
