@@ -20,7 +20,7 @@ from test_hidden_drafters import configs, run
 from macspec.engine.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 from macspec.engine.events import Cycle
 from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.policy import AutoPolicy, FixedPolicy
 from macspec.engine.sampling import SamplingParams
 from macspec.models.eagle3 import load_eagle3
 
@@ -85,6 +85,23 @@ def test_greedy_is_the_target_alone(tok, pair):
             )
         kept[label] = accepted / proposed
     assert 0.15 < kept["k=2"] < 0.95, kept  # guesses are kept and rejected: both paths run
+
+
+def test_a_gpt_oss_target_with_sliding_windows_stays_exact(tok, tmp_path):
+    """gpt-oss: MoE layers, 8-id sliding windows that wrap (prompts twice as long), rolled back
+    by checkpoint; greedy output is the target alone's at k = 2 and auto."""
+    target = tiny.near_bigram(tiny.arch_model("gpt_oss", 0, scale=3.0), mix=0.005)
+    head = both_formats(target, tmp_path)[1]
+    proposed = accepted = 0
+    for policy in (FixedPolicy(2), AutoPolicy(confidence_floor=0.0)):
+        engine = Engine(target, tok, Eagle3Drafter(head, target), policy)
+        for text in PROMPTS[:5]:
+            prompt = tok.encode(text) * 2
+            done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))
+            assert done.tokens == reference(target, prompt, MAX_TOKENS), text
+            proposed += done.stats.draft_proposed
+            accepted += done.stats.draft_accepted
+    assert 0 < accepted < proposed  # guesses kept and rejected: rollbacks ran
 
 
 def test_the_taps_cost_no_extra_target_pass(tok, tmp_path):

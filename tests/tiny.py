@@ -227,6 +227,20 @@ ARCHITECTURES: dict[str, dict] = {
         layer_types=["conv", "full_attention", "conv", "full_attention"],
     ),
 }
+# gpt-oss: MoE, alternating sliding-window (RotatingKVCache) and full-attention layers.
+ARCHITECTURES["gpt_oss"] = dict(
+    model_type="gpt_oss",
+    num_hidden_layers=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    hidden_size=64,
+    intermediate_size=64,
+    head_dim=16,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=8,
+    rope_theta=10000,
+)
 ARCHITECTURES["qwen3_5_moe"] = dict(
     ARCHITECTURES["qwen3_5"],
     model_type="qwen3_5_moe",
