@@ -167,6 +167,40 @@ def test_sampling_with_a_smaller_draft_vocabulary_has_the_targets_distribution(m
     assert not distribution_matches(wrong, exact)
 
 
+def test_draft_ids_past_the_engines_width_are_never_guessed():
+    """The engine may score fewer ids than the target has (a draft model's smaller table):
+    draft ids that map past that width get q = 0 and are never guessed, greedy or sampled."""
+    from test_sampling import IdTokenizer
+
+    V = 5
+    small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    target = tiny.arch_model("qwen3", 11, scale=4.0, vocab=V, **small)
+    layer = dict(small, intermediate_size=64, rms_norm_eps=1e-6, vocab_size=V, num_hidden_layers=1)
+    head = Eagle3Head(Eagle3Config(layer, TAPS, target_hidden_size=32, draft_vocab_size=3))
+    head.d2t = mx.array([0, 1, 2], mx.int32)  # target ids 0, 2, 4; the engine scores 0 .. 3
+    head.lm_head.weight = mx.concatenate([mx.zeros((2, 32)), mx.full((1, 32), 9.0)])
+
+    class Noting(Eagle3Drafter):  # id 4 would win every guess if it could be drafted
+        drafts = []
+
+        def propose(self, *args):
+            draft = super().propose(*args)
+            self.drafts.append(draft)
+            return draft
+
+    drafter = Noting(head, target, vocab_size=4)
+    engine = Engine(target, IdTokenizer(), drafter, FixedPolicy(2), vocab_size=4)
+    for params in (SamplingParams(), SamplingParams(temperature=1.0)):
+        config = GenerationConfig(max_tokens=8, sampling=params, seed=0, sampler="rejection")
+        assert max(done_of(engine.generate([1, 4, 2, 3], config)).tokens) < 4
+    guessed = [t for d in drafter.drafts for t in d.tokens]
+    assert guessed and max(guessed) < 4
+    q = [d.q for d in drafter.drafts if d.q is not None]
+    assert q and all(
+        row.shape[-1] == 4 and mx.allclose(row.sum(-1), mx.array(1.0)).item() for row in q
+    )
+
+
 # -- the product: folders, flags, bad input ------------------------------------------------------
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):

@@ -148,6 +148,12 @@ class Eagle3Drafter(PairCache):
             else None
         )
         """Target id of each draft id."""
+        self.scorable = None
+        """Which draft ids map inside the width the engine scores (None: all of them); when the
+        engine cuts the target's logits shorter (a draft model's smaller table), the others are
+        never guessed."""
+        if self.targets is not None and int(self.targets.max().item()) >= self.width:
+            self.scorable = self.targets < self.width
 
     def add_hidden(self, start: int, hidden: Hidden) -> None:
         """Receives each target pass's tapped layers (CachedModel's sink)."""
@@ -166,9 +172,10 @@ class Eagle3Drafter(PairCache):
         """(1, draft V) -> (1, target V): ids the head cannot propose get -inf (q = 0 there)."""
         if self.targets is None:
             return logits
-        full = mx.full((logits.shape[0], self.width), -mx.inf, dtype=logits.dtype)
-        full[:, self.targets] = logits
-        return full
+        # One spare column takes the ids past the width (their logits are -inf already).
+        full = mx.full((logits.shape[0], self.width + 1), -mx.inf, dtype=logits.dtype)
+        full[:, mx.minimum(self.targets, self.width)] = logits
+        return full[:, : self.width]
 
     def propose(
         self,
@@ -187,6 +194,8 @@ class Eagle3Drafter(PairCache):
             logits = self.lm_head(self.head.norm(out))
             if self.targets is None:
                 logits = logits[:, : self.width]
+            elif self.scorable is not None:
+                logits = mx.where(self.scorable, logits, -mx.inf)
             if params.greedy:
                 # The argmax over the draft vocabulary, mapped: the same id as over the target's.
                 token, row = self._to_target(mx.argmax(logits, axis=-1)), logits
