@@ -18,6 +18,8 @@ import tiny
 from mlx.utils import tree_flatten
 
 from macspec.engine.eagle3 import Eagle3Config, Eagle3Head
+from macspec.engine.mtp import embedding_and_head
+from macspec.engine.taps import inner_model
 
 DRAFT_VOCAB = 200
 """Ids the tiny heads score, out of the target's 260: those its bigram favours most (real heads
@@ -51,16 +53,11 @@ def layer_config(target: nn.Module) -> dict:
 def draft_ids(target: nn.Module) -> mx.array:
     """The target ids of the draft vocabulary, sorted (as published heads order them): the ids
     the target's near-bigram predicts after the most tokens, then the lowest others."""
-    inner = target.model
-    logits = target_logits(target, inner.norm(inner.embed_tokens(mx.arange(tiny.VOCAB))))
+    inner, (embed, head) = inner_model(target), embedding_and_head(target)
+    logits = head(inner.norm(embed(mx.arange(tiny.VOCAB))))
     counts = mx.zeros((tiny.VOCAB,), mx.int32).at[mx.argmax(logits, axis=-1)].add(1)
     order = mx.argsort(-counts.astype(mx.float32) * tiny.VOCAB + mx.arange(tiny.VOCAB))
     return mx.sort(order[:DRAFT_VOCAB]).astype(mx.int32)
-
-
-def target_logits(target: nn.Module, hidden: mx.array) -> mx.array:
-    head = target.lm_head if "lm_head" in target else target.model.embed_tokens.as_linear
-    return head(hidden)
 
 
 def head_config(target: nn.Module, taps, norm_before_residual: bool = True) -> Eagle3Config:
@@ -96,10 +93,10 @@ def constructed(
     # The residual is hidden_norm(g) (norm_before_residual): kept small, so that the head's own
     # output fed back at a later step does not drown the embedding it passes through.
     weights["layers.0.hidden_norm.weight"] = mx.full((hidden,), 0.05)
-    inner = target.model
-    weights["norm.weight"] = inner.norm.weight
+    weights["norm.weight"] = inner_model(target).norm.weight
     ids = draft_ids(target)
-    rows = target.lm_head.weight if "lm_head" in target else inner.embed_tokens.weight
+    embed, head = embedding_and_head(target)
+    rows = embed.weight if head == embed.as_linear else head.weight
     weights["lm_head.weight"] = rows[ids]
     weights["d2t"] = ids - mx.arange(DRAFT_VOCAB, dtype=mx.int32)
     for key, value in weights.items():
@@ -134,7 +131,7 @@ def save_folder(
     layer = layer_config(target)
     weights = dict(weights)
     if ship_embedding:  # a speculators head may ship a copy of the target's
-        weights["embed_tokens.weight"] = target.model.embed_tokens.weight
+        weights["embed_tokens.weight"] = inner_model(target).embed_tokens.weight
     config: dict = {"draft_vocab_size": DRAFT_VOCAB, "norm_before_residual": norm_before_residual}
     if bits:
         head = Eagle3Head(head_config(target, taps, norm_before_residual))

@@ -104,6 +104,25 @@ def test_a_gpt_oss_target_with_sliding_windows_stays_exact(tok, tmp_path):
     assert 0 < accepted < proposed  # guesses kept and rejected: rollbacks ran
 
 
+def test_a_hybrid_qwen3_5_target_stays_exact(tok, tmp_path):
+    """Qwen3.5: Gated DeltaNet layers between attention ones, rewound inside the recorded
+    verify pass; the head reads the layers' outputs all the same."""
+    target = tiny.near_bigram(tiny.arch_model("qwen3_5", 0, scale=3.0), mix=0.005)
+    taps = (0, 1, 1)
+    weights = kit.constructed(target, taps, noise=0.1)
+    folder = kit.save_folder(target, tmp_path, weights, taps)
+    head = load_eagle3(folder, kit.target_config(target))
+    engine = Engine(target, tok, Eagle3Drafter(head, target), FixedPolicy(2))
+    proposed = accepted = 0
+    for text in PROMPTS[:3]:
+        prompt = tok.encode(text)
+        done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))
+        assert done.tokens == reference(target, prompt, MAX_TOKENS), text
+        proposed += done.stats.draft_proposed
+        accepted += done.stats.draft_accepted
+    assert 0 < accepted < proposed
+
+
 def test_the_taps_cost_no_extra_target_pass(tok, tmp_path):
     target = kit.qwen3_target()
     head = both_formats(target, tmp_path)[0]
@@ -158,12 +177,12 @@ def test_sampling_with_a_smaller_draft_vocabulary_has_the_targets_distribution(m
     params = SamplingParams(temperature=1.0)
     prompt = [1, 4, 2]
     exact = exact_joint(target, prompt, params, V)
-    outcomes, rejected = sampled_joint(engine(), prompt, params, V, 600)
-    assert rejected > 100
+    outcomes, rejected = sampled_joint(engine(), prompt, params, V, 400)
+    assert rejected > 60
     assert {o // V**2 for o in outcomes} & {1, 3}  # ids the head cannot guess still come
     assert distribution_matches(outcomes, exact)
     monkeypatch.setattr("macspec.engine.loop.sampled_verdict", resample_from_p)
-    wrong, _ = sampled_joint(engine(), prompt, params, V, 600)
+    wrong, _ = sampled_joint(engine(), prompt, params, V, 400)
     assert not distribution_matches(wrong, exact)
 
 

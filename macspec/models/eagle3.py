@@ -26,9 +26,10 @@ from macspec.errors import MacspecError
 from macspec.models.drafters import _load_into, _quantize, _weights, text_config
 from macspec.models.loader import safetensors_problem
 
-EAGLE3_TARGETS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
+EAGLE3_TARGETS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe")
 """Target architectures whose decoder layers macspec taps for an EAGLE-3 head (mlx-lm's classes,
-the residual stream after each layer, as transformers' hidden_states)."""
+the residual stream after each layer, as transformers' hidden_states). The hybrid Qwen3.5/3.6
+ones have community heads (speculators format); their recurrent layers roll back as ever."""
 SPECULATORS = "speculators"
 EAGLE = "EAGLE"
 
