@@ -137,6 +137,25 @@ def test_the_taps_cost_no_extra_target_pass(tok, tmp_path):
     assert any(c.accepted < c.proposed for c in cycles) and any(c.accepted for c in cycles)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_one_host_device_wait_per_cycle(tok, tmp_path, temperature):
+    """The head drafts on the device: its guesses, q and the verdict are read in the cycle's one
+    wait (tests/test_waits.py's count, with the head's passes counted as the target's)."""
+    from test_waits import waits_per_cycle
+
+    from macspec.bench.waits import WaitCounter
+
+    target = kit.llama_target()
+    head = both_formats(target, tmp_path, noise=0.1)[0]
+    engine = Engine(target, tok, Eagle3Drafter(head, target), FixedPolicy(3))
+    params = SamplingParams(temperature=temperature)
+    config = GenerationConfig(max_tokens=24, sampling=params, seed=1)
+    with WaitCounter([target, head]) as waits:
+        cycles = waits_per_cycle(engine, tok.encode("the cat sat on the mat"), config, waits)
+    assert sum(c.proposed for c, _ in cycles) >= 6
+    assert all(w == 1 for c, w in cycles if c.requested), [(c.proposed, w) for c, w in cycles]
+
+
 def test_seeded_sampling_is_plain_decodings_own_sample(tok, tmp_path):
     """The coupled sampler: a head's guesses, drawn over the target's ids with q = 0 outside the
     draft vocabulary, never change a seeded answer."""
