@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import tiny
 from mlx.utils import tree_flatten
+from mlx_lm.models import llama
 
 from macspec.engine.eagle3 import Eagle3Config, Eagle3Head
 from macspec.engine.mtp import embedding_and_head
@@ -27,8 +28,11 @@ keep the target's most frequent tokens)."""
 
 
 def target_config(target: nn.Module) -> dict:
-    """The config.json of a tiny target (`tiny.arch_model`'s, or the llama one's)."""
-    return tiny.CONFIGS.get(id(target)) or tiny.llama_config(target)
+    """The config.json of a tiny target (`tiny.arch_model`'s, or the llama one's). A llama is
+    told by its class: tiny.CONFIGS is keyed by id, which a collected arch model's can share."""
+    if isinstance(target, llama.Model):
+        return tiny.llama_config(target)
+    return tiny.CONFIGS[id(target)]
 
 
 def layer_config(target: nn.Module) -> dict:
