@@ -46,6 +46,24 @@ def reference(model, prompt: list[int], max_tokens: int) -> list[int]:
     return out
 
 
+def counted_run(target, engine, prompt: list[int], max_tokens: int) -> tuple[list[int], list]:
+    """Run `engine` greedily on `prompt`, counting the target model's forward calls: (ids fed
+    per call, the run's events)."""
+    calls: list[int] = []
+    original = type(target).__call__
+
+    def counted(self, *args, **kwargs):
+        calls.append(args[0].shape[1])
+        return original(self, *args, **kwargs)
+
+    type(target).__call__ = counted
+    try:
+        events = list(engine.generate(prompt, GenerationConfig(max_tokens=max_tokens)))
+    finally:
+        type(target).__call__ = original
+    return calls, events
+
+
 def done_of(events) -> Done:
     """The run's last event, which must be its Done."""
     last = list(events)[-1]

@@ -52,7 +52,8 @@ def test_shipped_catalog_has_the_required_pairs(hf_cache):
             "mlx-community/Qwen2.5-Coder-32B-Instruct-4bit"
         },
         "mlx-community/Qwen3-0.6B-4bit": {
-            f"mlx-community/Qwen3-{b}-4bit" for b in ("8B", "14B", "32B")
+            *(f"mlx-community/Qwen3-{b}-4bit" for b in ("8B", "14B", "32B")),
+            "mlx-community/Qwen3-30B-A3B-Instruct-2507-4bit",
         },
         # 2026: hybrid (Gated DeltaNet) and sliding-window targets, and lookup-only ones
         "mlx-community/Qwen3.5-0.8B-4bit": {
@@ -64,12 +65,24 @@ def test_shipped_catalog_has_the_required_pairs(hf_cache):
             "mlx-community/gemma-3-text-27b-it-4bit",
         },
         None: {f"mlx-community/gpt-oss-{b}-MXFP4-Q8" for b in ("20b", "120b")},
+        "mlx-community/gemma-4-e2b-it-4bit": {
+            f"mlx-community/gemma-4-{b}-it-4bit" for b in ("31b", "26b-a4b")
+        },
     }
     for draft, targets in wanted.items():
         assert {p.target for p in pairs.values() if p.draft == draft} == targets
     for pair in pairs.values():
         assert pair.description and pair.size_gb > 0 and pair.context_length >= 512
         assert pair.draft_policy == "auto" or isinstance(pair.draft_policy, int)
+    # EAGLE-3 heads: the 70B and the 120B among them, each pair's download counting its head
+    heads = {p.name: p.eagle3 for p in pairs.values() if p.eagle3}
+    assert heads["llama-3.3-70b"] == "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3"
+    assert heads["gpt-oss-120b"] == "lmsys/EAGLE3-gpt-oss-120b-bf16"
+    assert all(pairs[name].heads["eagle3"] in pairs[name].members for name in heads)
+    # Gemma 4's heads that macspec cannot serve are listed, by kind, and never downloaded
+    notes = pairs["gemma4-31b"].unsupported
+    assert [note.split()[0] for note in notes] == ["mtp", "dflash", "eagle3"]
+    assert not {note.split()[1] for note in notes} & set(pairs["gemma4-31b"].members)
 
 
 def test_packaged_catalog_file_is_the_repo_root_one():
@@ -102,6 +115,8 @@ def test_user_catalog_adds_and_replaces_pairs(hf_cache):
         (pair_toml() + "ranks = 65\n", "must be between 1 and 64"),
         (pair_toml() + "ranks = 2.0\n", "'ranks' must be an integer"),
         (pair_toml() + "ranks = true\n", "'ranks' must be an integer"),
+        (pair_toml() + "unsupported = 'x'\n", "'unsupported' must be a list of strings"),
+        (pair_toml() + "unsupported = [1]\n", "'unsupported' must be a list of strings"),
         ("models = []\n", "unknown top-level key 'models'"),
         ("pair = 3\n", "'pair' must be an array of tables"),
     ],

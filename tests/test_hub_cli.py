@@ -176,6 +176,19 @@ def test_models_table(capsys, cached_model, tiny_pair):
     assert " ~" in qwen and ("yes~" in qwen or "no~" in qwen)
 
 
+def test_models_names_the_drafters_it_does_not_serve(capsys):
+    code, out, _ = cli(capsys, "models", "--json")
+    rows = {row["name"]: row for row in json.loads(out)}
+    assert rows["llama-3.3-70b"]["heads"] == {
+        "eagle3": "RedHatAI/Llama-3.3-70B-Instruct-speculator.eagle3"
+    }
+    assert any("gemma-4-31B-it-DFlash" in note for note in rows["gemma4-31b"]["unsupported"])
+    code, out, _ = cli(capsys, "models")
+    assert code == 0 and "Published drafters macspec does not serve" in out
+    line = next(line for line in out.splitlines() if "RedHatAI/gemma-4-31B-it-speculator" in line)
+    assert line.strip().startswith("gemma4-31b: eagle3")
+
+
 def test_models_shows_memory_per_rank_for_a_sharded_pair(capsys, cached_model, tiny_pair):
     """A pair whose target needs 2 machines: the table and --json show what each one holds."""
     tiny_pair.write_text(tiny_pair.read_text().replace('name = "tiny"', 'name = "tiny"\nranks = 2'))

@@ -96,17 +96,10 @@ def quantized(model: nn.Module, bits: int = 4, group_size: int = 32) -> nn.Modul
     return copy
 
 
-def save_model(
-    model: nn.Module,
-    folder: Path,
-    quantization: dict | None = None,
-    tokenizer_shift: int = 0,
-    chat_template: bool = True,
-) -> Path:
-    """Write an mlx-lm folder (config.json, model.safetensors, tokenizer files)."""
-    folder.mkdir(parents=True, exist_ok=True)
+def llama_config(model: nn.Module) -> dict:
+    """The config.json fields of a tiny llama built by `random_model`."""
     args = model.args
-    config = {
+    return {
         "model_type": "llama",
         "hidden_size": args.hidden_size,
         "num_hidden_layers": args.num_hidden_layers,
@@ -117,9 +110,19 @@ def save_model(
         "vocab_size": args.vocab_size,
         "rope_theta": args.rope_theta,
         "tie_word_embeddings": args.tie_word_embeddings,
-        "eos_token_id": 257,
-        "bos_token_id": 256,
     }
+
+
+def save_model(
+    model: nn.Module,
+    folder: Path,
+    quantization: dict | None = None,
+    tokenizer_shift: int = 0,
+    chat_template: bool = True,
+) -> Path:
+    """Write an mlx-lm folder (config.json, model.safetensors, tokenizer files)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {**llama_config(model), "eos_token_id": 257, "bos_token_id": 256}
     if quantization:
         config["quantization"] = quantization
     (folder / "config.json").write_text(json.dumps(config))
@@ -224,6 +227,20 @@ ARCHITECTURES: dict[str, dict] = {
         layer_types=["conv", "full_attention", "conv", "full_attention"],
     ),
 }
+# gpt-oss: MoE, alternating sliding-window (RotatingKVCache) and full-attention layers.
+ARCHITECTURES["gpt_oss"] = dict(
+    model_type="gpt_oss",
+    num_hidden_layers=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    hidden_size=64,
+    intermediate_size=64,
+    head_dim=16,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    sliding_window=8,
+    rope_theta=10000,
+)
 ARCHITECTURES["qwen3_5_moe"] = dict(
     ARCHITECTURES["qwen3_5"],
     model_type="qwen3_5_moe",

@@ -42,7 +42,7 @@ class BenchSettings:
     warmup: bool = True
     """Run every configuration once, untimed, on a few ids before measuring."""
     draft_source: str = "model"
-    """Where macspec's guesses come from ('model', 'lookup', 'hybrid', 'mtp', 'dflash');
+    """Where macspec's guesses come from ('model', 'lookup', 'hybrid', 'mtp', 'dflash', 'eagle3');
     mlx-lm's are always its draft model's. The cost curve times a draft step and a lookup."""
     context_length: int | None = None
     """The target's context window: every tool stops there (macspec says 'context'), so

@@ -42,12 +42,12 @@ class CostCurve:
     def guess_cost(self, config: BenchConfig, draft_source: str) -> float | None:
         """The c of a configuration: mlx-lm always drafts with its model; macspec by its own
         source, or `draft_source`. A hybrid is priced as its model (an upper bound: it asks the
-        model whenever no long lookup match exists). None where nothing priced it (an MTP head
-        or a DFlash drafter: no draft-model step to time)."""
+        model whenever no long lookup match exists). None where nothing priced it (an MTP head,
+        a DFlash drafter or an EAGLE-3 head: no draft-model step to time)."""
         source = "model" if config.tool == MLX_LM else (config.source or draft_source)
         if source == "lookup":
             return self.lookup_cost
-        if source in ("mtp", "dflash") or self.draft_s is None:
+        if source in ("mtp", "dflash", "eagle3") or self.draft_s is None:
             return None
         return self.draft_cost
 

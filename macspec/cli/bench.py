@@ -76,8 +76,8 @@ def bench(
         typer.Option(
             "--draft",
             help="macspec's drafters, side by side: a comma list of model, lookup, hybrid, mtp, "
-            "dflash, or 'all' (every drafter the pair has, and lookup) [default: the draft "
-            "folder's kind].",
+            "dflash, eagle3, or 'all' (every drafter the pair has, and lookup) [default: the "
+            "draft folder's kind].",
         ),
     ] = None,
     seed: Annotated[
@@ -176,7 +176,7 @@ def bench(
     if sharded:  # heads that read a sharded target's hidden states: not yet
         folders = {kind: path for kind, path in folders.items() if kind not in HEAD_KINDS}
     if draft == "all":
-        sources = [k for k in ("model", "mtp", "dflash") if k in folders] + ["lookup"]
+        sources = [k for k in ("model", *HEAD_KINDS) if k in folders] + ["lookup"]
     else:
         named = [s.strip() for s in (draft or "").split(",") if s.strip()]
         for source in named:

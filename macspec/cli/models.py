@@ -59,6 +59,8 @@ def _status_json(status: PairStatus) -> dict:
         "description": pair.description,
         "target": pair.target,
         "draft": pair.draft,
+        "heads": pair.heads,
+        "unsupported": list(pair.unsupported),
         "draft_policy": pair.draft_policy,
         "context_length": pair.context_length,
         "downloaded": status.downloaded,
@@ -161,6 +163,11 @@ def models(
         return
     console = Console()
     console.print(_status_table(statuses, console.width))
+    notes = [(s.pair.name, note) for s in statuses for note in s.pair.unsupported]
+    if notes:  # published drafters that would fail at load: said here instead
+        console.print("Published drafters macspec does not serve (yet):", highlight=False)
+        for name, note in notes:
+            console.print(f"  {name}: {note}", highlight=False, soft_wrap=True)
 
 
 # ---- macspec pull ---------------------------------------------------------------------------

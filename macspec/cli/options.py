@@ -54,7 +54,8 @@ DraftSource = Annotated[
         "--draft",
         help="Where guesses come from: 'model' (the draft model), 'lookup' (n-grams of the "
         "context, no draft model needed), 'hybrid' (lookup or the draft model), 'mtp' (the "
-        "target's MTP head), 'dflash' (a DFlash block drafter) or 'auto' (each cycle, the "
+        "target's MTP head), 'dflash' (a DFlash block drafter), 'eagle3' (an EAGLE-3 head) or "
+        "'auto' (each cycle, the "
         "drafter that promises the most tokens per second) [default: the draft folder's "
         "kind, else lookup].",
     ),

@@ -80,31 +80,19 @@ def embedding_and_head(model: nn.Module) -> tuple[nn.Module, object]:
     return embed, embed.as_linear
 
 
-class MTPDrafter:
-    """Guesses with the target's MTP head, from the target's own final hidden states."""
+class PairCache:
+    """A head's KV cache of pairs (t_{i+1}, h_i) and its rollback, shared by the MTP and the
+    EAGLE-3 drafters: only pairs built from the target's hidden states stay (positions < exact);
+    those built from the head's own outputs go after each verify pass."""
 
-    name = "mtp"
-    needs = HiddenSpec(final=True)
-
-    def __init__(self, head: MTPHead, target: nn.Module, vocab_size: int | None = None):
-        self.head = head
-        self.embed, self.lm_head = embedding_and_head(target)
-        self.vocab_size = vocab_size
-        self.cache = [KVCache() for _ in head.layers]
+    def __init__(self, layers: int):
+        self.cache = [KVCache() for _ in range(layers)]
         self.tokens: list[int] = []
         """The sequence the head's cache was built from (its pair i used tokens[i + 1])."""
         self.exact = 0
         """Pairs in the head's cache built from the target's hidden states: positions < exact."""
         self.hidden = HiddenRows()
-        """The target's final hidden states by position, from every target pass."""
-
-    def _feedback(self, out: mx.array) -> mx.array:
-        """The hidden state a later step reads: the head's own post-norm output."""
-        return out
-
-    def add_hidden(self, start: int, hidden: Hidden) -> None:
-        """Receives each target pass's hidden states (CachedModel's sink)."""
-        self.hidden.add(start, hidden.final)
+        """The target's hidden states by position (as the head reads them), from every pass."""
 
     def _trim(self, pairs: int) -> None:
         held = self.cache[0].offset
@@ -127,6 +115,45 @@ class MTPDrafter:
         self._trim(min(self.exact, keep))
         self.hidden.forget_before(self.exact)
 
+    def _read(self, rows: mx.array) -> mx.array:
+        """The target's hidden-state rows as the head reads them (an MTP head: as they are)."""
+        return rows
+
+    def _catch_up(self, context: Sequence[int]) -> tuple[mx.array, int] | None:
+        """Feed the head the pairs (t_{i+1}, h_i) of every committed position not in its cache
+        yet (`self.head`, `self.embed`: the subclass's): (its last output, ids fed), or None
+        when there is nothing to draft from."""
+        n = len(context)
+        self.tokens = list(context)
+        lo = self.exact
+        if lo > n - 2 or not self.hidden.has(lo, n - 1):
+            return None
+        ids = mx.array(list(context[lo + 1 : n]), mx.uint32)
+        out = self.head(self.embed(ids), self._read(self.hidden.get(lo, n - 1)), self.cache)
+        self.exact = n - 1
+        return out[-1:], n - 1 - lo
+
+
+class MTPDrafter(PairCache):
+    """Guesses with the target's MTP head, from the target's own final hidden states."""
+
+    name = "mtp"
+    needs = HiddenSpec(final=True)
+
+    def __init__(self, head: MTPHead, target: nn.Module, vocab_size: int | None = None):
+        super().__init__(len(head.layers))
+        self.head = head
+        self.embed, self.lm_head = embedding_and_head(target)
+        self.vocab_size = vocab_size
+
+    def _feedback(self, out: mx.array) -> mx.array:
+        """The hidden state a later step reads: the head's own post-norm output."""
+        return out
+
+    def add_hidden(self, start: int, hidden: Hidden) -> None:
+        """Receives each target pass's hidden states (CachedModel's sink)."""
+        self.hidden.add(start, hidden.final)
+
     def propose(
         self,
         context: Sequence[int],
@@ -135,16 +162,10 @@ class MTPDrafter:
         draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
-        n = len(context)
-        self.tokens = list(context)
-        lo = self.exact
-        if lo > n - 2 or not self.hidden.has(lo, n - 1):
+        caught_up = self._catch_up(context)
+        if caught_up is None:
             return Draft(tokens=[], source=self.name)  # nothing to draft from
-        # Catch up: pairs (t_{i+1}, h_i) for every committed position not in the cache yet.
-        ids = mx.array(list(context[lo + 1 : n]), mx.uint32)
-        out = self.head(self.embed(ids), self.hidden.get(lo, n - 1), self.cache)[-1:]
-        self.exact = n - 1
-        fed = n - 1 - lo
+        out, fed = caught_up
         guesses = []
         for i in range(k):
             logits = self.lm_head(out)[:, : self.vocab_size]

@@ -9,6 +9,7 @@ from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.choice import DrafterChoice
 from macspec.engine.dflash import DFlashDrafter
 from macspec.engine.drafters import Drafter, ModelDrafter
+from macspec.engine.eagle3 import Eagle3Drafter
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine
 from macspec.engine.mtp import MTPDrafter
@@ -24,6 +25,7 @@ from macspec.models.drafters import (
     load_mtp,
     read_config,
 )
+from macspec.models.eagle3 import check_eagle3, load_eagle3
 from macspec.models.flags import HEAD_KINDS, check_draft_flags, check_draft_tokens
 from macspec.models.home import macspec_home
 from macspec.models.loader import LoadedModels, load_models
@@ -31,8 +33,9 @@ from macspec.models.memory import kv_cache_bytes
 
 
 def drafter_folders(resolved: ResolvedModels, draft: str | None) -> dict[str, Path]:
-    """The drafter folders at hand, by kind: the draft folder (a draft model, an MTP head or a
-    DFlash drafter, told by its config) and the pair's own heads, when `draft` asks for them."""
+    """The drafter folders at hand, by kind: the draft folder (a draft model, an MTP head, a
+    DFlash drafter or an EAGLE-3 head, told by its config) and the pair's own heads, when
+    `draft` asks for them."""
     folders: dict[str, Path] = {}
     if resolved.draft is not None:
         kind = drafter_kind(resolved.draft)
@@ -50,9 +53,14 @@ def choose_source(draft: str | None, folders: dict[str, Path]) -> str:
     (a draft model first), or prompt lookup without one."""
     default = next((k for k in ("model", *HEAD_KINDS) if k in folders), "lookup")
     source = draft or default
-    needs = {"model": "model", "hybrid": "model", "mtp": "mtp", "dflash": "dflash"}.get(source)
+    needs = {"model": "model", "hybrid": "model", **{k: k for k in HEAD_KINDS}}.get(source)
     if needs is not None and needs not in folders:
-        what = {"model": "a draft model", "mtp": "an MTP head", "dflash": "a DFlash drafter"}
+        what = {
+            "model": "a draft model",
+            "mtp": "an MTP head",
+            "dflash": "a DFlash drafter",
+            "eagle3": "an EAGLE-3 head",
+        }
         have = ", ".join(what[k] for k in folders) or "no drafter"
         raise MacspecError(
             f"--draft {source} needs {what[needs]} (--draft-model, or a pair that has one), "
@@ -74,8 +82,9 @@ def build_engine(
 
     `num_draft_tokens` None means the pair's default; `draft` says where guesses come from:
     the draft model, prompt lookup (n-grams of the context, no second model), both ('hybrid'),
-    an MTP head, a DFlash drafter, or 'auto' (whichever measures fastest here, lookup and plain
-    decoding included). None: the draft folder's own kind, or prompt lookup without one.
+    an MTP head, a DFlash drafter, an EAGLE-3 head, or 'auto' (whichever measures fastest
+    here, lookup and plain decoding included). None: the draft folder's own kind, or prompt
+    lookup without one.
 
     With an mlx.distributed `group` (several ranks under mlx.launch) the target is sharded over
     them, the draft replicated, and the engine a `DistributedEngine` whose ranks agree on every
@@ -220,6 +229,9 @@ def _check_head(folder: Path, kind: str, target_config: dict):
         config = read_config(folder)
         check_mtp(folder, config, target_config)
         return lambda: load_mtp(folder, target_config)
+    if kind == "eagle3":
+        check_eagle3(folder, read_config(folder), target_config)
+        return lambda: load_eagle3(folder, target_config)
     check_dflash(folder, read_config(folder), target_config)
     return lambda: load_dflash(folder, target_config)
 
@@ -243,13 +255,15 @@ def make_drafter(
     draft: str, loaded: LoadedModels, cache_options: CacheOptions = DEFAULT_CACHE
 ) -> Drafter:
     """A fresh drafter of kind `draft` over loaded models: 'model', 'lookup', 'hybrid', 'mtp',
-    'dflash', or 'auto' (every one of them that is loaded, chosen by measurement)."""
+    'dflash', 'eagle3', or 'auto' (every one of them that is loaded, chosen by measurement)."""
     if draft == "lookup":
         return LookupDrafter()
     if draft == "mtp" and "mtp" in loaded.heads:
         return MTPDrafter(loaded.heads["mtp"], loaded.target, vocab_size=loaded.vocab_size)
     if draft == "dflash" and "dflash" in loaded.heads:
         return DFlashDrafter(loaded.heads["dflash"], loaded.target, vocab_size=loaded.vocab_size)
+    if draft == "eagle3" and "eagle3" in loaded.heads:
+        return Eagle3Drafter(loaded.heads["eagle3"], loaded.target, vocab_size=loaded.vocab_size)
     if draft == "auto":
         kinds = [
             k

@@ -53,6 +53,11 @@ class Pair:
     """An MTP head for the target (a drafter folder in mlx-vlm's qwen3_5_mtp format), if any."""
     dflash: str | None = None
     """A DFlash block drafter for the target (z-lab's format), if any."""
+    eagle3: str | None = None
+    """An EAGLE-3 head for the target (speculators or EAGLE / SpecForge format), if any."""
+    unsupported: tuple[str, ...] = ()
+    """Drafters published for the target that macspec does not serve, each 'KIND REPO: why':
+    listed by `macspec models`, never downloaded or loaded."""
     ranks: int = 1
     """Machines the target is meant to be sharded over (mlx.distributed ranks, `mlx.launch`);
     1: one machine. The drafters are replicated on every rank."""
@@ -60,12 +65,14 @@ class Pair:
     @property
     def members(self) -> tuple[str, ...]:
         """The models to download: the target, then whichever drafters the pair has."""
-        return tuple(m for m in (self.target, self.draft, self.mtp, self.dflash) if m is not None)
+        models = (self.target, self.draft, self.mtp, self.dflash, self.eagle3)
+        return tuple(m for m in models if m is not None)
 
     @property
     def heads(self) -> dict[str, str]:
-        """Drafters that read the target, by kind ('mtp', 'dflash')."""
-        return {k: v for k, v in (("mtp", self.mtp), ("dflash", self.dflash)) if v is not None}
+        """Drafters that read the target, by kind ('mtp', 'dflash', 'eagle3')."""
+        heads = (("mtp", self.mtp), ("dflash", self.dflash), ("eagle3", self.eagle3))
+        return {k: v for k, v in heads if v is not None}
 
     @property
     def is_packaged(self) -> bool:
@@ -105,7 +112,8 @@ class ResolvedModels:
     """The catalog pair used, or None when models were given directly with `--model`."""
 
     def head(self, kind: str) -> Path | None:
-        """The pair's drafter of `kind` ('mtp', 'dflash') on disk; None when it has none."""
+        """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
+        none."""
         if self.pair is None or kind not in self.pair.heads:
             return None
         return _pair_model_path(self.pair, self.pair.heads[kind])
@@ -122,13 +130,15 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "size_gb": ((int, float), "a number"),
     "mtp": ((str,), "a string"),
     "dflash": ((str,), "a string"),
+    "eagle3": ((str,), "a string"),
+    "unsupported": ((list,), "a list of strings"),
     "ranks": ((int,), "an integer"),
 }
 
 
 MAX_RANKS = 64
 """The most machines a pair may ask for (a sanity bound: a typo, not a cluster)."""
-_OPTIONAL = {"draft", "mtp", "dflash", "ranks"}
+_OPTIONAL = {"draft", "mtp", "dflash", "eagle3", "unsupported", "ranks"}
 """Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
 
 
@@ -190,7 +200,11 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
         )
     if not math.isfinite(entry["size_gb"]) or entry["size_gb"] < 0:
         raise MacspecError(f"{where}: size_gb must be finite and not negative")
-    return Pair(**{"draft": None, **entry, "size_gb": float(entry["size_gb"])})
+    notes = entry.get("unsupported", [])
+    if not all(isinstance(note, str) for note in notes):
+        raise MacspecError(f"{where}: 'unsupported' must be a list of strings")
+    fields = {**entry, "size_gb": float(entry["size_gb"]), "unsupported": tuple(notes)}
+    return Pair(**{"draft": None, **fields})
 
 
 def load_catalog() -> Catalog:

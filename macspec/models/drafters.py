@@ -1,6 +1,7 @@
 """Drafters that read the target, loaded from their published folders: MTP heads (mlx-vlm's
-`qwen3_5_mtp` format) and DFlash block drafters (z-lab's format); and the conversion of an
-original Hugging Face checkpoint's `mtp.*` tensors into an MTP drafter folder.
+`qwen3_5_mtp` format) and DFlash block drafters (z-lab's format; EAGLE-3 heads are read in
+eagle3.py); and the conversion of an original Hugging Face checkpoint's `mtp.*` tensors into
+an MTP drafter folder.
 
 A folder's kind is told by its config.json; every check that the config can answer (hidden
 size, target architecture, tapped layers) runs before a weight is read.
@@ -48,11 +49,15 @@ def read_config(folder: Path) -> dict[str, Any]:
 
 
 def drafter_kind(folder: Path) -> str:
-    """'mtp', 'dflash', 'mtp-checkpoint' (an original checkpoint with mtp.* tensors to convert),
-    or 'model' (a draft model mlx_lm.load reads)."""
+    """'mtp', 'dflash', 'eagle3', 'mtp-checkpoint' (an original checkpoint with mtp.* tensors to
+    convert), or 'model' (a draft model mlx_lm.load reads)."""
+    from macspec.models.eagle3 import eagle3_format
+
     config = read_config(folder)
     if config.get("model_type") in (MTP_TYPE, GENERIC_MTP_TYPE):
         return "mtp"
+    if eagle3_format(config) is not None:
+        return "eagle3"
     if "dflash_config" in config:
         return "dflash"
     index = folder / "model.safetensors.index.json"

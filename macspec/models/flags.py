@@ -7,8 +7,8 @@ from macspec.engine.policy import make_policy
 from macspec.errors import MacspecError
 from macspec.models.catalog import MAX_DRAFT_TOKENS
 
-DRAFT_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash", "auto")
-HEAD_KINDS = ("mtp", "dflash")
+DRAFT_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash", "eagle3", "auto")
+HEAD_KINDS = ("mtp", "dflash", "eagle3")
 """Drafters that read the target's hidden states; loaded from their own folders."""
 
 

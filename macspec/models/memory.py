@@ -85,9 +85,11 @@ def kv_cache_bytes(config: dict, context_length: int) -> int | None:
     """KV cache for a full context: 2 (K and V) * kv_heads * head_dim * 2 bytes per id each
     attention layer holds (see attention_tokens: sliding windows and recurrent layers hold less).
 
-    Reads an mlx-lm/transformers `config.json` (or its `text_config`); None if it lacks the sizes.
+    Reads an mlx-lm/transformers `config.json` (or its `text_config`, or a speculators head's
+    `transformer_layer_config`); None if it lacks the sizes.
     """
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config") or config.get("transformer_layer_config")
+    cfg = nested if isinstance(nested, dict) else config
     try:
         heads = int(cfg["num_attention_heads"])
         kv_heads = int(cfg.get("num_key_value_heads") or heads)
