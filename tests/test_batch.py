@@ -219,10 +219,10 @@ def test_the_batch_prices_guesses_on_its_pass_cost(cost, rows, guesses):
         assert max(ks) < max(ks_two)  # more rows: each gets fewer guesses
 
 
-@pytest.mark.parametrize("head", ["mtp", "dflash"])
+@pytest.mark.parametrize("head", ["mtp", "dflash", "eagle3"])
 def test_drafters_that_read_the_target_draft_in_a_batch(tok, tmp_path, head):
-    """Each row's MTP head or DFlash drafter gets its own rows of the batched pass's hidden
-    states; every row is still the target alone."""
+    """Each row's MTP head, DFlash drafter or EAGLE-3 head gets its own rows of the batched
+    pass's hidden states; every row is still the target alone."""
     from macspec.engine.dflash import DFlashDrafter
     from macspec.engine.mtp import MTPDrafter
     from macspec.models.drafters import load_dflash, load_mtp
@@ -234,6 +234,17 @@ def test_drafters_that_read_the_target_draft_in_a_batch(tok, tmp_path, head):
 
         def new_drafter():
             return MTPDrafter(weights, target)
+    elif head == "eagle3":
+        import eagle3kit
+        from test_eagle3 import both_formats
+
+        from macspec.engine.eagle3 import Eagle3Drafter
+
+        target = eagle3kit.llama_target()
+        weights = both_formats(target, tmp_path)[0]
+
+        def new_drafter():
+            return Eagle3Drafter(weights, target)
     else:
         target = tiny.arch_model("qwen3", 0, scale=3.0)
         folder = tiny.save_dflash_folder(tmp_path, target_layer_ids=(0, 1))
@@ -248,5 +259,5 @@ def test_drafters_that_read_the_target_draft_in_a_batch(tok, tmp_path, head):
     rows = run_all(engine, prompts, [GenerationConfig(max_tokens=12)] * 3)
     assert [row.done.tokens for row in rows] == wants
     assert all(row.done.stats.draft_proposed for row in rows)
-    if head == "mtp":  # a head trained to agree: it keeps guesses in the batch too
+    if head != "dflash":  # heads made to agree: they keep guesses in the batch too
         assert all(row.done.stats.draft_accepted for row in rows)
