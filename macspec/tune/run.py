@@ -382,3 +382,7 @@ def iter_lines(result: TuneResult) -> Iterator[str]:
     yield f"{'tokens per target pass':24}{b.tokens_per_pass:>10.2f}{a.tokens_per_pass:>10.2f}"
     kept = f"{b.accepted}/{b.proposed}", f"{a.accepted}/{a.proposed}"
     yield f"{'guesses kept':24}{kept[0]:>10}{kept[1]:>10}"
+    if b.kept_ends or a.kept_ends:
+        yield f"{'  of which answer ends':24}{b.kept_ends:>10}{a.kept_ends:>10}"
+        yield "(a kept guess of the answer's end saves no target pass: the target's token after"
+        yield " it is dropped; so as many guesses kept can take different numbers of passes)"
