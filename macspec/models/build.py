@@ -52,12 +52,27 @@ def choose_source(draft: str | None, folders: dict[str, Path]) -> str:
     needs = {"model": "model", "hybrid": "model", "mtp": "mtp", "dflash": "dflash"}.get(source)
     if needs is not None and needs not in folders:
         what = {"model": "a draft model", "mtp": "an MTP head", "dflash": "a DFlash drafter"}
-        have = ", ".join(what[k] for k in folders) or "no drafter"
+        if not folders:
+            raise MacspecError(
+                f"--draft {source} needs {what[needs]} (--draft-model, or a pair that has one), "
+                "but there is no drafter; --draft lookup works with the target alone"
+            )
+        have = " and ".join(what[k] for k in folders)
+        usable = [*folders, *(["hybrid"] if "model" in folders else []), "auto", "lookup"]
         raise MacspecError(
-            f"--draft {source} needs {what[needs]} (--draft-model, or a pair that has one), "
-            f"but there is {have}; --draft lookup works with the target alone"
+            f"--draft {source} needs {what[needs]}, but the drafter at hand is {have}: pass "
+            f"--draft {usable[0]} to draft with it (or {', '.join(usable[1:])}), or "
+            f"--draft-model with {what[needs]}{_EXAMPLES[needs]}"
         )
     return source
+
+
+_EXAMPLES = {
+    "model": " (a small model with the target's tokenizer)",
+    "mtp": " (an mlx-vlm qwen3_5_mtp folder, e.g. mlx-community/Qwen3.6-27B-MTP-4bit)",
+    "dflash": " (a z-lab folder, e.g. z-lab/Qwen3.5-9B-DFlash)",
+}
+"""Where to get a drafter of each kind, for the error that asks for one."""
 
 
 def build_engine(
