@@ -25,7 +25,7 @@ from macspec.models.drafters import (
 )
 from macspec.models.flags import HEAD_KINDS, check_draft_flags, check_draft_tokens
 from macspec.models.home import macspec_home
-from macspec.models.loader import LoadedModels, load_models
+from macspec.models.loader import LoadedModels, load_checked_draft, load_models
 from macspec.models.memory import kv_cache_bytes
 
 
@@ -107,7 +107,7 @@ def build_engine(
         folders = {k: v for k, v in folders.items() if k not in HEAD_KINDS}
     source = choose_source(draft, folders)
     sources = set(folders) if source == "auto" else {source}
-    loaded = load_drafters(resolved, folders, sources, group)
+    loaded = load_drafters(resolved, folders, sources, group, more_drafts=source == "auto")
     context = resolved.pair.context_length if resolved.pair is not None else None
     text = read_config(resolved.target)
     warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
@@ -158,11 +158,16 @@ def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -
 
 
 def load_drafters(
-    resolved: ResolvedModels, folders: dict[str, Path], sources: set[str], group=None
+    resolved: ResolvedModels,
+    folders: dict[str, Path],
+    sources: set[str],
+    group=None,
+    more_drafts: bool = False,
 ) -> LoadedModels:
     """The target and the drafters `sources` need ('hybrid' needs the draft model); heads'
     configs are checked against the target's before any weight is loaded. With an
-    mlx.distributed `group`, the target is sharded over its ranks."""
+    mlx.distributed `group`, the target is sharded over its ranks. `more_drafts`: the pair's
+    further draft models too (for `--draft auto`)."""
     wanted = {"model" if s == "hybrid" else s for s in sources}
     target_config = read_config(resolved.target)
     heads = {k: _check_head(folders[k], k, target_config) for k in HEAD_KINDS if k in wanted}
@@ -172,6 +177,10 @@ def load_drafters(
     )
     for kind, load in heads.items():
         loaded.heads[kind] = load()
+    if more_drafts and model_path is not None:
+        for name, path in resolved.more_drafts:
+            draft = load_checked_draft(loaded, path, resolved.target_name, name)
+            loaded.more_drafts[name] = draft
     return loaded
 
 
@@ -202,6 +211,16 @@ def converted_mtp_folder(checkpoint: Path) -> Path:
     return out
 
 
+def model_labels(names: list[str]) -> list[str]:
+    """How `--draft auto` calls several draft models: 'model (draft-tuned)', by the last part
+    of each name (a repo id's model, a folder's name), numbered should two read the same."""
+    shorts = [name.rstrip("/").rpartition("/")[2].rpartition(":")[2] or name for name in names]
+    return [
+        f"model ({short})" if shorts.count(short) == 1 else f"model ({short} #{i + 1})"
+        for i, short in enumerate(shorts)
+    ]
+
+
 def make_drafter(
     draft: str, loaded: LoadedModels, cache_options: CacheOptions = DEFAULT_CACHE
 ) -> Drafter:
@@ -220,6 +239,17 @@ def make_drafter(
             if k in loaded.heads or (k == "model" and loaded.draft is not None)
         ]
         candidates = [make_drafter(k, loaded, cache_options) for k in kinds]
+        if loaded.more_drafts:  # several draft models: each a candidate, by its own name
+            first, *heads = candidates
+            models = [first] + [
+                ModelDrafter(model, vocab_size=loaded.vocab_size, options=cache_options)
+                for model in loaded.more_drafts.values()
+            ]
+            for drafter, label in zip(
+                models, model_labels([loaded.draft_name, *loaded.more_drafts])
+            ):
+                drafter.name = label
+            candidates = [*models, *heads]
         return DrafterChoice([*candidates, LookupDrafter()])
     if loaded.draft is None:
         raise MacspecError(f"--draft {draft} needs a draft model (--draft-model, or a --pair)")
