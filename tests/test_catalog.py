@@ -117,6 +117,10 @@ def test_user_catalog_adds_and_replaces_pairs(hf_cache):
         (pair_toml() + "ranks = true\n", "'ranks' must be an integer"),
         (pair_toml() + "unsupported = 'x'\n", "'unsupported' must be a list of strings"),
         (pair_toml() + "unsupported = [1]\n", "'unsupported' must be a list of strings"),
+        (pair_toml().replace('"test/tiny-draft"', "3"), "'draft' must be a string, or a list of"),
+        (pair_toml().replace('"test/tiny-draft"', "[]"), "'draft' as a list must hold one string"),
+        (pair_toml().replace('"test/tiny-draft"', '["a", 3]'), "must hold one string or more"),
+        (pair_toml().replace('"test/tiny-draft"', '["a", "a"]'), "'draft' lists a model twice"),
         ("models = []\n", "unknown top-level key 'models'"),
         ("pair = 3\n", "'pair' must be an array of tables"),
     ],
@@ -232,6 +236,32 @@ def test_draft_model_replaces_the_pairs_draft(cached_model, tiny_model_folder):
     user_catalog(pair_toml())
     resolved = resolve_models("tiny", None, str(tiny_model_folder))
     assert resolved.draft == tiny_model_folder and resolved.pair.name == "tiny"
+
+
+def test_a_pair_may_list_several_draft_models(cached_model, tiny_model_folder):
+    """`draft = [A, B]`: A is the pair's draft (`--draft model`), B one more for --draft auto to
+    measure; both are members to download; a --draft-model replaces them both."""
+    for repo in ("test/tiny-target", "test/tiny-draft", "test/tiny-draft-2"):
+        cached_model(repo)
+    user_catalog(
+        pair_toml().replace('"test/tiny-draft"', '["test/tiny-draft", "test/tiny-draft-2"]')
+    )
+    pair = load_catalog().get("tiny")
+    assert (pair.draft, pair.more_drafts) == ("test/tiny-draft", ("test/tiny-draft-2",))
+    assert pair.members == ("test/tiny-target", "test/tiny-draft", "test/tiny-draft-2")
+    resolved = resolve_models("tiny", None, None)
+    assert resolved.draft_name == "test/tiny-draft"
+    assert [name for name, _ in resolved.more_drafts] == ["test/tiny-draft-2"]
+    assert resolved.more_drafts[0][1] == hub.local_model_path("test/tiny-draft-2")
+    assert resolve_models("tiny", None, str(tiny_model_folder)).more_drafts == ()
+
+
+def test_the_demo_drafts_with_its_tuned_draft_first():
+    """The default pair's first answer (greedy by default) drafts with the draft that keeps
+    most guesses greedily; the stock draft, better when sampling, is there for --draft auto."""
+    demo = load_catalog().get("demo")
+    assert (demo.draft, demo.more_drafts) == ("package:demo/draft-tuned", ("package:demo/draft",))
+    assert resolve_models(None, None, None).draft.name == "draft-tuned"
 
 
 def test_plain_or_lookup_decoding_needs_no_draft_download(cached_model):

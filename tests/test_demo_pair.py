@@ -147,3 +147,27 @@ def test_the_tuned_draft_shares_the_tokenizer_and_stays_lossless(pair, prompts):
         assert done.tokens == target_alone(model, tok, ids, 64)
         kept += done.stats.draft_accepted
     assert kept > 0
+
+
+def test_plain_run_drafts_with_the_tuned_draft_at_draft_length_auto(capsys):
+    """What README's opening says plain `run` does, it does: the demo pair's first draft model
+    (the tuned one), the draft length `-k auto` of the pair's policy, and no `--draft auto`
+    (no drafter choice in its stats)."""
+    from macspec.cli import main
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    opening = " ".join(readme.split("## What it does")[0].split())
+    assert (
+        "Plain `run` drafts with the pair's draft model at the draft length `-k auto` "
+        "(`--num-draft-tokens auto`, the pair's `draft_policy`; not `--draft auto`"
+    ) in opening
+    assert main(["run", "--json", "--max-tokens", "12", "def keys(self):"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["drafter"] == "model" and record["draft_model"] == "package:demo/draft-tuned"
+    assert record["stats"]["drafter_choice"] is None
+    from macspec.engine.policy import AutoPolicy
+    from macspec.models.build import build_engine
+    from macspec.models.catalog import resolve_models
+
+    engine, _ = build_engine(resolve_models(None, None, None))  # what plain `run` builds
+    assert isinstance(engine.policy, AutoPolicy) and engine.drafter.name == "model"

@@ -135,7 +135,7 @@ def test_pull_sizes_an_unknown_pair_from_its_config_once_the_download_is_planned
 
 def test_pull_demo_needs_no_download(capsys, hf_cache, monkeypatch, tmp_path, tiny_model_folder):
     monkeypatch.setattr(hub, "PACKAGE_ROOT", tmp_path / "pkg")
-    for member in ("target", "draft", "mtp"):  # the demo pair ships an MTP head too
+    for member in ("target", "draft-tuned", "draft", "mtp"):  # two drafts and an MTP head
         shutil.copytree(tiny_model_folder, tmp_path / "pkg" / "demo" / member)
     code, out, _ = cli(capsys, "pull", "demo")
     assert code == 0 and "needs no download" in out

@@ -216,6 +216,11 @@ BAD_INPUTS = {
         ["run", "hi", "--model", "{target}", "--draft", "model"],
         "needs a draft model",
     ),
+    "a DFlash drafter asked for, a draft model given": (
+        ["run", "hi", "--model", "{target}", "--draft-model", "{draft}", "--draft", "dflash"],
+        "but the drafter at hand is a draft model: pass --draft model to draft with it (or "
+        "hybrid, auto, lookup), or --draft-model with a DFlash drafter (a z-lab folder",
+    ),
     "no draft and a draft source": (
         ["run", "hi", "--model", "{target}", "--no-draft", "--draft", "lookup"],
         "contradict",

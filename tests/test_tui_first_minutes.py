@@ -80,20 +80,24 @@ def test_snapshot_main_screen_on_narrow_terminals(tok, tmp_path, snap_compare, s
 
 
 def test_a_reopened_answer_is_summarised_as_it_was_shown():
-    """A stopped answer reads 'stopped, saved as incomplete' live and when reopened, with the
+    """A stopped answer reads 'cancelled, saved as incomplete' live and when reopened, with the
     same acceptance wording; one token is 'token'."""
     from macspec.chat.records import StoredMessage
     from macspec.chat.store import ModelInfo
-    from macspec.engine.stats import Stats, summary_line
-    from tui.turn import stored_summary
+    from macspec.engine.events import Done, Source
+    from macspec.engine.stats import Stats
+    from tui.messages import Finished
+    from tui.turn import answer_summary, stored_summary
 
     stats = Stats(generated_tokens=1, end_tokens=0, target_passes=1, plain_reason="plain: x")
     stored = StoredMessage(
         1, "assistant", "a", False, 1, "cancelled", stats.to_dict(), ModelInfo("t", "d"), 0.0
     )
     line = stored_summary(stored)
-    assert line == "1 token · plain: x · 1.00 tokens/pass · stopped, saved as incomplete"
-    assert summary_line(stats, "stopped").startswith("1 token · plain: x · 1.00 tokens/pass")
+    assert line == "1 token · plain: x · 1.00 tokens/pass · cancelled, saved as incomplete"
+    done = Done("cancelled", "a", "", [1], [Source.TARGET], stats)
+    live, _ = answer_summary(Finished(done, None, None))
+    assert live.endswith("1.00 tokens/pass · ttft 0.00s · cancelled, saved as incomplete")
     stats = Stats(generated_tokens=9, target_passes=3, draft_proposed=8, draft_accepted=6)
     stored = StoredMessage(
         2, "assistant", "b", True, 9, "stop", stats.to_dict(), ModelInfo("t", "d"), 0.0

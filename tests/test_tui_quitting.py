@@ -26,8 +26,9 @@ async def test_escape_stops_the_answer_and_keeps_it(tok, store):
         assert (reply.complete, reply.finish_reason) == (False, "cancelled")
         assert 0 < reply.token_count < 2000
         assert answer.text == reply.content != ""
-        assert answer.summary.endswith("stopped, saved as incomplete")
-        assert "cancelled" not in answer.summary and answer.summary.count("stopped") == 1
+        # The finish reason README and `run --json` name, said once.
+        assert answer.summary.endswith(" · cancelled, saved as incomplete")
+        assert "stopped" not in answer.summary and answer.summary.count("cancelled") == 1
         assert len(answer.summary) < SIZE[0] - 4  # on one line, not cut
         assert app.session.messages[-1] == {"role": "assistant", "content": reply.content}
 

@@ -81,6 +81,40 @@ def test_tuning_raises_acceptance_on_held_out_prompts(models, tuned):
     assert "train_loss" in stdout and "\x1b" not in stdout
 
 
+def test_the_defaults_alone_make_a_tiny_random_draft_better(models, tmp_path, monkeypatch):
+    """Told neither --full nor --lora-rank, tune trains a draft this small fully, says so and
+    why, and its default steps and learning rate make it "better" on the held-out prompts:
+    more so than LoRA at rank 8, the default for large drafts, which cannot retrain the
+    embeddings a random draft must learn."""
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    code, stdout, stderr = run_cli(*tune_args(models, tmp_path / "default", "weak"))
+    assert code == 0, stderr
+    assert (
+        "training: full fine-tuning (the default for a draft of 0.03M parameters, at most "
+        "50M: cheap to train whole; --lora-rank N for LoRA)"
+    ) in stdout
+    record = json.loads((tmp_path / "default" / "tune.json").read_text())
+    assert record["verdict"] == "better" and "\nbetter: " in stdout
+    assert record["training"]["method_chosen_by"] == "the draft's size"
+    assert record["training"]["draft_parameters"] == 25_952 == record["training"]["trainable"]
+    code, _, stderr = run_cli(*tune_args(models, tmp_path / "lora", "weak", "--lora-rank", 8))
+    assert code == 0, stderr
+    lora = json.loads((tmp_path / "lora" / "tune.json").read_text())
+    gain = record["change_in_tokens_per_pass"]["mean"]
+    assert gain > 2 * lora["change_in_tokens_per_pass"]["mean"]
+    assert record["after"]["acceptance"] > 2 * lora["after"]["acceptance"]
+
+
+def test_a_quantized_draft_is_sized_by_its_unquantized_weights(models):
+    """The size the method is chosen by counts a 4-bit layer's packed words as the 8 weights
+    each holds, not as one parameter (and not its scales and biases)."""
+    from macspec.tune.train import parameter_count
+
+    weak, _ = mlx_load(str(models["weak"]))
+    quantized, _ = mlx_load(str(models["quantized"]))
+    assert parameter_count(weak) == parameter_count(quantized) == 25_952
+
+
 def test_a_better_draft_is_registered_as_a_pair(models, tuned, monkeypatch):
     """--register adds the target and the tuned draft to the user's models.toml, usable by
     name at once (`macspec models` lists it); the same name again is one line, exit 2."""
@@ -131,9 +165,10 @@ def test_saved_draft_loads_with_mlx_lm_and_stays_lossless(models, tuned):
 def test_lora_on_a_quantized_draft_saves_it_quantized_as_it_was(models, tmp_path, monkeypatch):
     monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
     out = tmp_path / "lora"
-    code, stdout, stderr = run_cli(*tune_args(models, out, "quantized", "--steps", 4, few=True))
+    args = tune_args(models, out, "quantized", "--steps", 4, "--lora-rank", 8, few=True)
+    code, stdout, stderr = run_cli(*args)
     assert code == 0, stderr
-    assert "LoRA rank 8" in stdout
+    assert "training: LoRA rank 8, " in stdout  # chosen by the user: no default to explain
     config = json.loads((out / "config.json").read_text())
     assert config["quantization"] == {"group_size": 32, "bits": 4}
     draft, _ = mlx_load(str(out))

@@ -81,8 +81,9 @@ def answer_summary(message: Finished, mask_timings: bool = False) -> tuple[str, 
     if done is not None:
         stats = without_timings(done.stats) if mask_timings else done.stats
         cancelled = done.finish_reason == "cancelled"
-        # a stopped answer says so once: 'stopped, saved as incomplete', not 'cancelled · stopped'
-        summary = summary_line(stats, "stopped" if cancelled else done.finish_reason)
+        # Esc's answer ends with its finish reason, as README and `run --json` name it:
+        # 'cancelled, saved as incomplete'
+        summary = summary_line(stats, done.finish_reason)
         if mask_timings:
             summary = summary.replace("ttft 0.00s", "ttft ··")
         if cancelled and not message.not_saved:
@@ -111,7 +112,7 @@ def stored_summary(message: StoredMessage) -> str:
         parts.append(f"{stats['tokens_per_pass']:.2f} tokens/pass")
     reason = message.finish_reason or "?"
     if reason == "cancelled":  # worded as it was when the answer was stopped
-        parts.append("stopped, saved as incomplete")
+        parts.append("cancelled, saved as incomplete")
     else:
         parts.append(reason + ("" if message.complete else ", incomplete"))
     return " · ".join(parts)

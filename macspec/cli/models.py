@@ -59,6 +59,7 @@ def _status_json(status: PairStatus) -> dict:
         "description": pair.description,
         "target": pair.target,
         "draft": pair.draft,
+        "more_drafts": list(pair.more_drafts),
         "heads": pair.heads,
         "unsupported": list(pair.unsupported),
         "draft_policy": pair.draft_policy,

@@ -61,10 +61,17 @@ def tune(
     ] = None,
     lora_rank: Annotated[
         int | None,
-        typer.Option("--lora-rank", help="LoRA rank (LoRA is the default).  [default: 8]"),
+        typer.Option(
+            "--lora-rank",
+            help="LoRA with this rank [default: LoRA rank 8 for a draft over 50M parameters, "
+            "full fine-tuning up to 50M].",
+        ),
     ] = None,
     full: Annotated[
-        bool, typer.Option("--full", help="Full fine-tuning instead of LoRA (tiny drafts).")
+        bool,
+        typer.Option(
+            "--full", help="Full fine-tuning, whatever the draft's size (the default up to 50M)."
+        ),
     ] = False,
     kl: Annotated[
         float,
@@ -130,7 +137,8 @@ def tune(
 
     The target answers the prompts (--prompts FILE, or your stored chats with --from-history)
     with macspec's engine, greedy unless --temp. mlx-lm's tuner fine-tunes the draft on those
-    answers: LoRA by default (QLoRA on a quantized draft), --full for tiny drafts. The result is
+    answers: fully for a draft of up to 50M parameters, where that is cheap, else LoRA (QLoRA on
+    a quantized draft); --full or --lora-rank N chooses, and the output says which. The result is
     fused, re-quantized to the draft's own bits and saved under --out as an mlx-lm model folder,
     written aside and renamed into place only when whole: an error, Ctrl-C or SIGTERM leaves
     nothing.
@@ -169,7 +177,7 @@ def tune(
         temperature=temp,
         k=num_draft_tokens,
         steps=steps,
-        full=full,
+        full=True if full else (False if lora_rank is not None else None),
         lora_rank=lora_rank if lora_rank is not None else 8,
         batch_size=batch_size,
         learning_rate=learning_rate,

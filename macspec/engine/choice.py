@@ -6,6 +6,11 @@ own acceptance by position. A cycle drafts with the candidate whose best draft l
 the most tokens per second; the others are probed now and then so their figures stay fresh, and
 when none beats plain decoding, the cycle is a plain step. Every candidate follows the committed
 text (start, rollback, hidden states), so any of them can take over at the next cycle.
+
+Acceptance is kept per temperature (the engine says each generation's, through `begin`): a
+draft distilled on greedy answers may be the best guesser at T = 0 and the worst when sampling,
+so an engine that serves both (a server) measures and picks for each apart. What passes and
+guesses cost is the device's, shared by every temperature.
 """
 
 from __future__ import annotations
@@ -28,19 +33,49 @@ class DrafterChoice:
         if not drafters:
             raise ValueError("DrafterChoice needs at least one drafter")
         self.drafters = {d.name: d for d in drafters}
-        self.policies = {name: AutoPolicy(max_k=max_k) for name in self.drafters}
+        if len(self.drafters) < len(drafters):
+            raise ValueError("DrafterChoice needs drafters of distinct names")
+        self.max_k = max_k
         self.probe_every = probe_every
-        self.current = next(iter(self.drafters))
-        """The candidate drafting the coming cycle."""
-        self.reason = "measuring"
-        """Why the current pick: shown by the stats line, --json and the chat."""
         self._cycles = 0
-        self._unmeasured = list(self.drafters)  # each is tried once before any comparison
+        self.temperature = 0.0
+        """The temperature the figures in use were measured at."""
+        self._others: dict[float, tuple] = {}  # the figures of the other temperatures
+        self._fresh()
         needs = [d.needs for d in drafters if getattr(d, "needs", None) is not None]
         self.needs: HiddenSpec | None = None
         for spec in needs:
             self.needs = spec if self.needs is None else self.needs.union(spec)
         self.confidence_floor = None
+
+    def _fresh(self) -> None:
+        before = getattr(self, "policies", {})  # the same drafters at another temperature
+        self.policies = {name: AutoPolicy(max_k=self.max_k) for name in self.drafters}
+        first = next(iter(self.policies.values()))
+        for name, policy in self.policies.items():
+            if name in before:  # a device's costs hold at any temperature
+                policy.share_costs(before[name])
+            elif policy is not first:  # one target: one estimate of its passes, for a fair race
+                policy.share_costs(first, of_the_draft=False)
+        self.current = next(iter(self.drafters))
+        """The candidate drafting the coming cycle."""
+        self.reason = "measuring"
+        """Why the current pick: shown by the stats line, --json and the chat."""
+        self._unmeasured = list(self.drafters)  # each is tried once before any comparison
+
+    def begin(self, params: SamplingParams) -> None:
+        """A generation at `params.temperature` begins: its own figures from now on (those of
+        the temperature before are kept for when it comes back)."""
+        if params.temperature == self.temperature:
+            return
+        state = (self.policies, self.current, self.reason, self._unmeasured)
+        self._others[self.temperature] = state
+        self.temperature = params.temperature
+        if self.temperature in self._others:
+            state = self._others.pop(self.temperature)
+            self.policies, self.current, self.reason, self._unmeasured = state
+        else:
+            self._fresh()
 
     # -- the policy side -----------------------------------------------------------------------
     def rates(self) -> dict[str, tuple[float, int]]:
@@ -54,7 +89,7 @@ class DrafterChoice:
 
     def draft_length(self) -> int:
         self._cycles += 1
-        if self._unmeasured:
+        while self._unmeasured:  # each warms up in turn, the next one as soon as one is done
             self.current = self._unmeasured[0]
             if self.policies[self.current]._warmup:
                 return self._ask(self.current)
@@ -89,8 +124,9 @@ class DrafterChoice:
         if cycle.proposed or cycle.requested:
             self.policies[cycle.draft_source or self.current].observe(cycle)
             return
-        for policy in self.policies.values():  # a plain step's time informs them all
-            policy.observe(cycle)
+        # A plain step's time informs them all, through the estimate of the target's passes
+        # they share: counted once.
+        next(iter(self.policies.values())).observe(cycle)
 
     # -- the drafter side ----------------------------------------------------------------------
     def start(self, prompt: Sequence[int]) -> None:

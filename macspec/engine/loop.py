@@ -107,6 +107,9 @@ class Engine:
         target.checkpoint("prompt")
         if drafter is not None:
             drafter.start(prompt)
+            begin = getattr(self.policy, "begin", None)
+            if begin is not None:  # a policy that keeps its figures per temperature
+                begin(config.sampling)
         stats.prefill_s = time.perf_counter() - started
 
         context = list(prompt)

@@ -87,6 +87,14 @@ class AutoPolicy:
         self._best: int | None = None
         self._skipped = False
 
+    def share_costs(self, other: AutoPolicy, of_the_draft: bool = True) -> None:
+        """Use `other`'s estimates of what the target's passes cost (and, `of_the_draft`, a
+        guess), kept in common from now on: they are the device's and the models', whichever
+        drafter guesses and at any temperature (acceptance is neither)."""
+        self._pass_time, self._overhead = other._pass_time, other._overhead
+        if of_the_draft:
+            self._draft_step = other._draft_step
+
     # -- estimates -------------------------------------------------------------------------
     def acceptance(self, position: int, optimistic: bool = False) -> float:
         """Chance the guess at `position` (1-based) is kept, given the ones before were.
@@ -198,8 +206,17 @@ class AutoPolicy:
         self._overhead.add(cycle.overhead_s)
         if cycle.requested and cycle.draft_fed <= cycle.draft_steps + 1:
             # Cost per guess: a model's forward step, or next to nothing for a lookup.
-            # Catch-up passes after plain steps are not what a guess costs: skip those.
             self._draft_step.add(cycle.draft_s / max(cycle.draft_steps, cycle.proposed, 1))
+        elif cycle.requested and cycle.draft_steps:
+            # A catch-up: the first step also fed the ids the drafter missed (plain steps, or
+            # under --draft auto another drafter's cycles, which may be all a runner-up ever
+            # drafts after). Price that step as the target's pass over as many ids, relative
+            # to one (the same device; about m on a CPU, until a plain step has been timed),
+            # rather than leave the drafter unpriced, and so never chosen.
+            first = cycle.draft_fed - cycle.draft_steps + 1
+            one, catch_up = self.pass_time(1), self.pass_time(first)
+            relative = catch_up / one if one and catch_up else first
+            self._draft_step.add(cycle.draft_s / (cycle.draft_steps - 1 + relative))
 
 
 def make_policy(spec: str | int, max_k: int = 8) -> DraftPolicy:

@@ -28,7 +28,7 @@ from macspec.models.drafters import (
 from macspec.models.eagle3 import check_eagle3, load_eagle3
 from macspec.models.flags import HEAD_KINDS, check_draft_flags, check_draft_tokens
 from macspec.models.home import macspec_home
-from macspec.models.loader import LoadedModels, load_models
+from macspec.models.loader import LoadedModels, load_checked_draft, load_models
 from macspec.models.memory import kv_cache_bytes
 
 
@@ -61,12 +61,28 @@ def choose_source(draft: str | None, folders: dict[str, Path]) -> str:
             "dflash": "a DFlash drafter",
             "eagle3": "an EAGLE-3 head",
         }
-        have = ", ".join(what[k] for k in folders) or "no drafter"
+        if not folders:
+            raise MacspecError(
+                f"--draft {source} needs {what[needs]} (--draft-model, or a pair that has one), "
+                "but there is no drafter; --draft lookup works with the target alone"
+            )
+        have = " and ".join(what[k] for k in folders)
+        usable = [*folders, *(["hybrid"] if "model" in folders else []), "auto", "lookup"]
         raise MacspecError(
-            f"--draft {source} needs {what[needs]} (--draft-model, or a pair that has one), "
-            f"but there is {have}; --draft lookup works with the target alone"
+            f"--draft {source} needs {what[needs]}, but the drafter at hand is {have}: pass "
+            f"--draft {usable[0]} to draft with it (or {', '.join(usable[1:])}), or "
+            f"--draft-model with {what[needs]}{_EXAMPLES[needs]}"
         )
     return source
+
+
+_EXAMPLES = {
+    "model": " (a small model with the target's tokenizer)",
+    "mtp": " (an mlx-vlm qwen3_5_mtp folder, e.g. mlx-community/Qwen3.6-27B-MTP-4bit)",
+    "dflash": " (a z-lab folder, e.g. z-lab/Qwen3.5-9B-DFlash)",
+    "eagle3": " (a speculators or EAGLE-3 head folder, e.g. RedHatAI/Qwen3-8B-speculator.eagle3)",
+}
+"""Where to get a drafter of each kind, for the error that asks for one."""
 
 
 def build_engine(
@@ -166,7 +182,7 @@ def load_for_drafting(
         folders = {k: v for k, v in folders.items() if k not in HEAD_KINDS}
     source = choose_source(draft, folders)
     sources = set(folders) if source == "auto" else {source}
-    loaded = load_drafters(resolved, folders, sources, group)
+    loaded = load_drafters(resolved, folders, sources, group, more_drafts=source == "auto")
     context = resolved.pair.context_length if resolved.pair is not None else None
     text = read_config(resolved.target)
     warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))
@@ -204,11 +220,16 @@ def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -
 
 
 def load_drafters(
-    resolved: ResolvedModels, folders: dict[str, Path], sources: set[str], group=None
+    resolved: ResolvedModels,
+    folders: dict[str, Path],
+    sources: set[str],
+    group=None,
+    more_drafts: bool = False,
 ) -> LoadedModels:
     """The target and the drafters `sources` need ('hybrid' needs the draft model); heads'
     configs are checked against the target's before any weight is loaded. With an
-    mlx.distributed `group`, the target is sharded over its ranks."""
+    mlx.distributed `group`, the target is sharded over its ranks. `more_drafts`: the pair's
+    further draft models too (for `--draft auto`)."""
     wanted = {"model" if s == "hybrid" else s for s in sources}
     target_config = read_config(resolved.target)
     heads = {k: _check_head(folders[k], k, target_config) for k in HEAD_KINDS if k in wanted}
@@ -218,6 +239,10 @@ def load_drafters(
     )
     for kind, load in heads.items():
         loaded.heads[kind] = load()
+    if more_drafts and model_path is not None:
+        for name, path in resolved.more_drafts:
+            draft = load_checked_draft(loaded, path, resolved.target_name, name)
+            loaded.more_drafts[name] = draft
     return loaded
 
 
@@ -251,6 +276,16 @@ def converted_mtp_folder(checkpoint: Path) -> Path:
     return out
 
 
+def model_labels(names: list[str]) -> list[str]:
+    """How `--draft auto` calls several draft models: 'model (draft-tuned)', by the last part
+    of each name (a repo id's model, a folder's name), numbered should two read the same."""
+    shorts = [name.rstrip("/").rpartition("/")[2].rpartition(":")[2] or name for name in names]
+    return [
+        f"model ({short})" if shorts.count(short) == 1 else f"model ({short} #{i + 1})"
+        for i, short in enumerate(shorts)
+    ]
+
+
 def make_drafter(
     draft: str, loaded: LoadedModels, cache_options: CacheOptions = DEFAULT_CACHE
 ) -> Drafter:
@@ -271,6 +306,17 @@ def make_drafter(
             if k in loaded.heads or (k == "model" and loaded.draft is not None)
         ]
         candidates = [make_drafter(k, loaded, cache_options) for k in kinds]
+        if loaded.more_drafts:  # several draft models: each a candidate, by its own name
+            first, *heads = candidates
+            models = [first] + [
+                ModelDrafter(model, vocab_size=loaded.vocab_size, options=cache_options)
+                for model in loaded.more_drafts.values()
+            ]
+            for drafter, label in zip(
+                models, model_labels([loaded.draft_name, *loaded.more_drafts])
+            ):
+                drafter.name = label
+            candidates = [*models, *heads]
         return DrafterChoice([*candidates, LookupDrafter()])
     if loaded.draft is None:
         raise MacspecError(f"--draft {draft} needs a draft model (--draft-model, or a --pair)")

@@ -40,7 +40,8 @@ class Pair:
     """The big model: a Hugging Face repo id, a local folder, or `package:demo/target`."""
     draft: str | None
     """The small model sharing the target's tokenizer, in the same forms as `target`; None for
-    a target with no small sibling (guesses then come from prompt lookup)."""
+    a target with no small sibling (guesses then come from prompt lookup). With several (`draft
+    = [...]` in models.toml), the first: the one `--draft model` drafts with."""
     draft_policy: str | int
     """Recommended draft-length policy: "auto" (adaptive) or a fixed number of draft tokens."""
     context_length: int
@@ -61,12 +62,15 @@ class Pair:
     ranks: int = 1
     """Machines the target is meant to be sharded over (mlx.distributed ranks, `mlx.launch`);
     1: one machine. The drafters are replicated on every rank."""
+    more_drafts: tuple[str, ...] = ()
+    """Further draft models after `draft`, which `--draft auto` measures against it (one may
+    suit sampling, another greedy decoding)."""
 
     @property
     def members(self) -> tuple[str, ...]:
         """The models to download: the target, then whichever drafters the pair has."""
-        models = (self.target, self.draft, self.mtp, self.dflash, self.eagle3)
-        return tuple(m for m in models if m is not None)
+        drafters = (self.draft, *self.more_drafts, self.mtp, self.dflash, self.eagle3)
+        return tuple(m for m in (self.target, *drafters) if m is not None)
 
     @property
     def heads(self) -> dict[str, str]:
@@ -110,6 +114,9 @@ class ResolvedModels:
     """The draft as named, or None without a draft."""
     pair: Pair | None
     """The catalog pair used, or None when models were given directly with `--model`."""
+    more_drafts: tuple[tuple[str, Path], ...] = ()
+    """The pair's further draft models (name, folder), for `--draft auto`; none when
+    `--draft-model` replaced the pair's drafts."""
 
     def head(self, kind: str) -> Path | None:
         """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
@@ -123,7 +130,7 @@ class ResolvedModels:
 _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "name": ((str,), "a string"),
     "target": ((str,), "a string"),
-    "draft": ((str,), "a string"),
+    "draft": ((str, list), "a string, or a list of strings (the first is the default)"),
     "draft_policy": ((str, int), 'a string ("auto") or an integer'),
     "context_length": ((int,), "an integer"),
     "description": ((str,), "a string"),
@@ -203,6 +210,13 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
     notes = entry.get("unsupported", [])
     if not all(isinstance(note, str) for note in notes):
         raise MacspecError(f"{where}: 'unsupported' must be a list of strings")
+    drafts = entry.get("draft")
+    if isinstance(drafts, list):
+        if not drafts or not all(isinstance(d, str) for d in drafts):
+            raise MacspecError(f"{where}: 'draft' as a list must hold one string or more")
+        if len(set(drafts)) < len(drafts):
+            raise MacspecError(f"{where}: 'draft' lists a model twice")
+        entry = {**entry, "draft": drafts[0], "more_drafts": tuple(drafts[1:])}
     fields = {**entry, "size_gb": float(entry["size_gb"]), "unsupported": tuple(notes)}
     return Pair(**{"draft": None, **fields})
 
@@ -255,13 +269,15 @@ def resolve_models(
     if not need_draft:
         return ResolvedModels(target_path, None, chosen.target, None, chosen)
     draft_name = draft_model if draft_model is not None else chosen.draft
+    more: tuple[tuple[str, Path], ...] = ()
     if draft_model is not None:
         draft_path = hub.local_model_path(draft_model)
     elif chosen.draft is not None:
         draft_path = _pair_model_path(chosen, chosen.draft)
+        more = tuple((name, _pair_model_path(chosen, name)) for name in chosen.more_drafts)
     else:
         draft_path = None
-    return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen)
+    return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen, more)
 
 
 def context_length(resolved: ResolvedModels) -> int | None:

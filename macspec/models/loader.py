@@ -36,6 +36,10 @@ class LoadedModels:
     """Things the user should know (printed by the CLI, shown by the TUI)."""
     heads: dict[str, nn.Module] = field(default_factory=dict)
     """Drafters that read the target's hidden states, by kind ('mtp', 'dflash')."""
+    draft_name: str | None = None
+    """The draft as the user or the catalog named it."""
+    more_drafts: dict[str, nn.Module] = field(default_factory=dict)
+    """A pair's further draft models, by name, loaded for `--draft auto` to measure."""
 
 
 # transformers warns on stderr when a prompt passes the tokenizer's model_max_length; macspec
@@ -196,6 +200,33 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
         )
 
 
+def load_checked_draft(
+    loaded: LoadedModels, path: Path, target_name: str | None, name: str | None
+) -> nn.Module:
+    """A draft model for the loaded target: its tokenizer the target's, and the ids it scores
+    narrowing `loaded.vocab_size` when its table is padded differently."""
+    draft = load_weights(path, "draft model")
+    # Fingerprints, cached by file hash: the draft's tokenizer loads only when unknown.
+    target_print = fingerprint(loaded.target_path, lambda: loaded.tokenizer)
+    draft_print = fingerprint(path, lambda: draft_tokenizer(path))
+    if draft_print != target_print:  # the full comparison names the first difference
+        check_same_tokenizer(
+            loaded.tokenizer,
+            draft_tokenizer(path),
+            target_name or str(loaded.target_path),
+            name or str(path),
+        )
+    sizes = [output_vocab_size(loaded.target), output_vocab_size(draft)]
+    if None not in sizes and sizes[0] != sizes[1]:
+        # Padded embedding tables (Qwen's 0.5B vs 7B): score only the ids both know.
+        loaded.vocab_size = min(sizes[1], loaded.vocab_size or sizes[0])
+        if loaded.vocab_size < target_print.size:
+            raise MacspecError(
+                f"{path} scores only {loaded.vocab_size} ids, fewer than the tokenizer has"
+            )
+    return draft
+
+
 def load_models(
     target_path: Path,
     draft_path: Path | None = None,
@@ -213,27 +244,9 @@ def load_models(
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
     if draft_path is None:
         return loaded
-    draft = load_weights(draft_path, "draft model")
-    # Fingerprints, cached by file hash: the draft's tokenizer loads only when unknown.
-    target_print = fingerprint(target_path, lambda: tokenizer)
-    draft_print = fingerprint(draft_path, lambda: draft_tokenizer(draft_path))
-    if draft_print != target_print:  # the full comparison names the first difference
-        check_same_tokenizer(
-            tokenizer,
-            draft_tokenizer(draft_path),
-            target_name or str(target_path),
-            draft_name or str(draft_path),
-        )
+    draft = load_checked_draft(loaded, draft_path, target_name, draft_name)
     loaded.draft, loaded.draft_path = draft, draft_path
-
-    sizes = [output_vocab_size(target), output_vocab_size(draft)]
-    if None not in sizes and sizes[0] != sizes[1]:
-        # Padded embedding tables (Qwen's 0.5B vs 7B): score only the ids both know.
-        loaded.vocab_size = min(sizes)
-        if loaded.vocab_size < target_print.size:
-            raise MacspecError(
-                f"{draft_path} scores only {loaded.vocab_size} ids, fewer than the tokenizer has"
-            )
+    loaded.draft_name = draft_name or str(draft_path)
     fraction = weight_bytes(draft) / max(1, target_bytes(target, target_path, group))
     if fraction > DRAFT_FRACTION_WARNING:
         loaded.warnings.append(

@@ -42,8 +42,9 @@ class TuneConfig:
     """Draft length of the measurements; None: the pair's fixed k, else 4."""
     steps: int | None = None
     """Training steps; None: about two passes over the answers (10 to 1,000)."""
-    full: bool = False
-    """Full fine-tuning instead of LoRA."""
+    full: bool | None = None
+    """Full fine-tuning (True) or LoRA (False); None: full for a draft of at most
+    `FULL_FINE_TUNING_MOST` parameters, where it is cheap, LoRA above."""
     lora_rank: int = 8
     """LoRA rank."""
     batch_size: int = 8
@@ -86,6 +87,8 @@ class TuneResult:
     """Greedy: the held-out outputs were the same with either draft (both lossless)."""
     registered: Path | None = None
     notes: list[str] = field(default_factory=list)
+    draft_parameters: int = 0
+    """The draft's parameters, unquantized: what the method is chosen by when not told."""
 
     @property
     def change(self) -> tuple[float, float | None]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import mlx.nn as nn
 
 from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Done
+from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import FixedPolicy
 from macspec.engine.sampling import SamplingParams
@@ -24,6 +24,10 @@ class Measurement:
     """Guesses sent to the target."""
     accepted: int = 0
     """Guesses kept."""
+    kept_ends: int = 0
+    """Of those, guesses of the answer's end: each is kept like any guess but saves no target
+    pass, since the target's own token after it is dropped (nothing follows an end). Two
+    drafts keeping as many guesses may so take different numbers of passes."""
     outputs: list[list[int]] = field(default_factory=list)
     """Each prompt's generated ids (the same for every draft at temperature 0)."""
     per_prompt: list[tuple[int, int]] = field(default_factory=list)
@@ -64,6 +68,7 @@ class Measurement:
             "tokens_per_pass": self.tokens_per_pass,
             "proposed": self.proposed,
             "accepted": self.accepted,
+            "kept_ends": self.kept_ends,
             "generated": self.generated,
             "target_passes": self.passes,
         }
@@ -93,10 +98,21 @@ def measure(
             sampling=SamplingParams(temperature=temperature),
             seed=seed + i if temperature > 0 else None,
         )
-        done = next(e for e in engine.generate(prompt, config) if isinstance(e, Done))
+        last_cycle, delivered = None, 0  # the last cycle, and the tokens it delivered
+        for event in engine.generate(prompt, config):
+            if isinstance(event, Cycle):
+                last_cycle, delivered = event, 0
+            elif isinstance(event, Token):
+                delivered += 1
+            elif isinstance(event, Done):
+                done = event
         stats = done.stats
         result.proposed += stats.draft_proposed
         result.accepted += stats.draft_accepted
+        # An end the target chose itself follows the n guesses it kept; a kept guess of the
+        # end is the n-th, and only n - 1 tokens come before it.
+        ended = done.finish_reason == "stop" and last_cycle is not None
+        result.kept_ends += ended and last_cycle.accepted > 0 and delivered < last_cycle.accepted
         result.outputs.append(list(done.tokens))
         result.per_prompt.append((stats.generated_tokens, stats.target_passes))
         if advance is not None:

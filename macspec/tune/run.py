@@ -33,7 +33,15 @@ from macspec.tune.cache import AnswerCache, default_cache_path, target_identity
 from macspec.tune.config import QuietReporter, Reporter, TuneConfig, TuneResult
 from macspec.tune.measure import Measurement, measure
 from macspec.tune.prompts import TunePrompt, read_history, read_prompts, split_held_out
-from macspec.tune.train import TrainSettings, fine_tune, fuse, prepare, trainable_parameters
+from macspec.tune.train import (
+    FULL_FINE_TUNING_MOST,
+    TrainSettings,
+    fine_tune,
+    fuse,
+    parameter_count,
+    prepare,
+    trainable_parameters,
+)
 
 DEFAULT_K = 4
 """Draft length of the measurements when the pair's policy is not a fixed k ('auto' would
@@ -169,13 +177,15 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
     with reporter.task(f"measuring the draft (k={plan.k})", len(held_ids)) as advance:
         before = _measure(loaded, loaded.draft, held_ids, figures, advance)
 
-    settings = _settings(config, len(examples))
+    parameters = parameter_count(loaded.draft)
+    settings = _settings(config, len(examples), parameters)
     draft_config = read_config(resolved.draft)
     quantized = prepare(loaded.draft, settings)
     trainable = trainable_parameters(loaded.draft)
     method = "full fine-tuning" if settings.full else f"LoRA rank {settings.lora_rank}"
     reporter.note(
-        f"training: {method}, {trainable:,} trainable parameters, {settings.steps} steps "
+        f"training: {method}{_method_reason(config, parameters)}, {trainable:,} trainable "
+        f"parameters, {settings.steps} steps "
         f"of {min(settings.batch_size, len(examples))}, learning rate {settings.learning_rate:g}"
         + (f", KL weight {settings.kl_weight:g}" if settings.kl_weight else "")
     )
@@ -206,6 +216,7 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
             steps=settings.steps,
             method=method,
             trainable=trainable,
+            draft_parameters=parameters,
             train_s=train_s,
             peak_memory_bytes=peak,
             max_rss_bytes=_max_rss(),
@@ -266,18 +277,34 @@ def _answers(config: TuneConfig, loaded: LoadedModels, prompts, cache, reporter)
     return examples
 
 
-def _settings(config: TuneConfig, examples: int) -> TrainSettings:
+def _settings(config: TuneConfig, examples: int, parameters: int) -> TrainSettings:
+    """The training settings; full fine-tuning or LoRA as told, else by the draft's size."""
+    full = config.full if config.full is not None else parameters <= FULL_FINE_TUNING_MOST
     batch = min(config.batch_size, examples)
     steps = config.steps or min(1000, max(10, math.ceil(2 * examples / batch)))
-    default_lr = 5e-4 if config.full else 2e-4
+    default_lr = 5e-4 if full else 2e-4
     return TrainSettings(
         steps=steps,
         batch_size=config.batch_size,
         learning_rate=config.learning_rate or default_lr,
-        lora_rank=None if config.full else config.lora_rank,
+        lora_rank=None if full else config.lora_rank,
         kl_weight=config.kl_weight,
         seed=config.seed,
     )
+
+
+def _method_reason(config: TuneConfig, parameters: int) -> str:
+    """Why that method, when the user chose neither: the draft's size against the line."""
+    if config.full is not None:
+        return ""
+    most = f"{FULL_FINE_TUNING_MOST / 1e6:.0f}M"
+    size = f"{parameters / 1e6:.2f}M" if parameters < 1e7 else f"{parameters / 1e6:.0f}M"
+    if parameters <= FULL_FINE_TUNING_MOST:
+        return (
+            f" (the default for a draft of {size} parameters, at most {most}: cheap to train "
+            "whole; --lora-rank N for LoRA)"
+        )
+    return f" (the default for a draft of {size} parameters, over {most}; --full to train all)"
 
 
 def _measure(loaded: LoadedModels, draft, prompts, figures: dict, advance) -> Measurement:
@@ -326,7 +353,13 @@ def _write_record(folder: Path, config, resolved, settings, result: TuneResult, 
         "train_prompts": result.train_prompts,
         "held_out_prompts": result.held_out_prompts,
         "answer_tokens": result.answer_tokens,
-        "training": {**asdict(settings), "method": result.method, "trainable": result.trainable},
+        "training": {
+            **asdict(settings),
+            "method": result.method,
+            "method_chosen_by": "the draft's size" if config.full is None else "the user",
+            "draft_parameters": result.draft_parameters,
+            "trainable": result.trainable,
+        },
         "quantization": draft_config.get("quantization"),
         "train_s": round(result.train_s, 1),
         "peak_memory_bytes": result.peak_memory_bytes,
@@ -349,3 +382,7 @@ def iter_lines(result: TuneResult) -> Iterator[str]:
     yield f"{'tokens per target pass':24}{b.tokens_per_pass:>10.2f}{a.tokens_per_pass:>10.2f}"
     kept = f"{b.accepted}/{b.proposed}", f"{a.accepted}/{a.proposed}"
     yield f"{'guesses kept':24}{kept[0]:>10}{kept[1]:>10}"
+    if b.kept_ends or a.kept_ends:
+        yield f"{'  of which answer ends':24}{b.kept_ends:>10}{a.kept_ends:>10}"
+        yield "(a kept guess of the answer's end saves no target pass: the target's token after"
+        yield " it is dropped; so as many guesses kept can take different numbers of passes)"
