@@ -261,3 +261,13 @@ def test_drafters_that_read_the_target_draft_in_a_batch(tok, tmp_path, head):
     assert all(row.done.stats.draft_proposed for row in rows)
     if head != "dflash":  # heads made to agree: they keep guesses in the batch too
         assert all(row.done.stats.draft_accepted for row in rows)
+
+
+def test_a_new_row_starts_from_the_figures_the_last_row_measured(tok):
+    target, draft = models("llama")
+    engine = BatchEngine(target, tok, drafting("model", draft), lambda d: AutoPolicy())
+    (first,) = run_all(engine, [tok.encode(PROMPTS[0])], [GenerationConfig(max_tokens=16)])
+    learned = first.policy.acceptance(1)
+    second = engine.admit(tok.encode(PROMPTS[1]), GenerationConfig(max_tokens=4))
+    assert second.policy is not first.policy
+    assert second.policy.acceptance(1) == learned != AutoPolicy().acceptance(1)

@@ -13,6 +13,7 @@ events. A finished row leaves the batch at once.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -27,6 +28,7 @@ from macspec.engine.batch_draft import BatchDraftModel
 from macspec.engine.batch_policy import BatchPricing
 from macspec.engine.batch_row import Row, RowView, row_verdict
 from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
+from macspec.engine.choice import DrafterChoice
 from macspec.engine.config import GenerationConfig
 from macspec.engine.drafters import Draft, Drafter
 from macspec.engine.events import Cycle, Prefill, Source
@@ -83,6 +85,8 @@ class BatchEngine:
         self.passes = 0
         """Batched target passes run (one per cycle, whatever the number of rows)."""
         self.pricing = BatchPricing()
+        self._learned: DraftPolicy | None = None
+        """The policy of the row that finished last: a new row starts from its figures."""
 
     # -- joining -------------------------------------------------------------------------------
     def admit(
@@ -101,6 +105,11 @@ class BatchEngine:
             alone.load(start_from)
         drafter = self.new_drafter() if self.new_drafter is not None else None
         policy = self.new_policy(drafter) if drafter is not None else None
+        if policy is not None:
+            carry_figures(self._learned, policy)
+            begin = getattr(policy, "begin", None)
+            if begin is not None:  # --draft auto keeps its figures per temperature
+                begin(config.sampling)
         if drafter is not None and getattr(drafter, "needs", None) is not None:
             alone.tap(drafter.needs, drafter.add_hidden)
         pending = alone.reuse(prompt)
@@ -318,6 +327,8 @@ class BatchEngine:
         row.held = full[: row.fed]  # a recurrent state holds what it was fed, delivered or not
         self._draft_rollback(row, min(row.fed, len(row.context) - 1))
         row.done = answer.done(RowView(row))
+        if row.policy is not None:
+            self._learned = row.policy
         stats = row.done.stats
         if stats.plain_reason and (stats.rows_per_pass or 1) > 1 and self.pricing.plain:
             stats.plain_reason = (
@@ -379,3 +390,19 @@ class BatchEngine:
         if self.batch_draft is not None:
             self.batch_draft.keep_rows(kept)
         self.rows = [self.rows[i] for i in kept]
+
+
+def carry_figures(learned: DraftPolicy | None, policy: DraftPolicy) -> None:
+    """A new row's policy starts from what the last finished row measured (acceptance by
+    position, costs; for --draft auto each candidate's), rather than from nothing: rows come
+    and go, the device and the drafters stay."""
+    if learned is None or type(learned) is not type(policy):
+        return
+    if isinstance(policy, DrafterChoice):
+        if learned.drafters.keys() != policy.drafters.keys():
+            return
+        policy.policies, policy._others = copy.deepcopy((learned.policies, learned._others))
+        policy.temperature, policy.current = learned.temperature, learned.current
+        policy.reason, policy._unmeasured = learned.reason, list(learned._unmeasured)
+    elif isinstance(policy, AutoPolicy):
+        policy.__dict__.update(copy.deepcopy(learned.__dict__))
