@@ -21,8 +21,8 @@ the buffer (once) before writing into it while a checkpoint still holds it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +168,24 @@ class CachedModel:
         """Hand every pass's hidden states (as `spec` asks) to `sink(first position, hidden)`."""
         self._taps = Taps(self.model, spec)
         self._hidden_sink = sink
+
+    @contextmanager
+    def holding_hidden(self) -> Iterator[list[tuple[int, Hidden]]]:
+        """Passes inside the block keep their hidden states in the list it yields instead of
+        handing them to the drafter (a tree pass hands over the kept path's rows only, with
+        `hand_hidden`, once the verdict is known)."""
+        sink, held = self._hidden_sink, []
+        if sink is not None:
+            self._hidden_sink = lambda start, hidden: held.append((start, hidden))
+        try:
+            yield held
+        finally:
+            self._hidden_sink = sink
+
+    def hand_hidden(self, start: int, hidden: Hidden) -> None:
+        """Hand the drafter hidden states for positions start, start + 1, ..."""
+        if self._hidden_sink is not None:
+            self._hidden_sink(start, hidden)
 
     @property
     def tokens(self) -> list[int]:

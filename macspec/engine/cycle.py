@@ -10,6 +10,23 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class TreeOutcome:
+    """What a tree cycle adds to its record: the tree, and the ranks the policy learns from."""
+
+    nodes: int
+    """Nodes verified (the cycle's `proposed`)."""
+    depth: int
+    """The deepest node's depth."""
+    path_ranks: tuple[int, ...]
+    """Rank among its siblings (0 first) of each kept node, from depth 1 down."""
+    stop_rank: int | None
+    """Where the walk stopped: the rank of the target's token in the drafter's order there
+    (greedy and coupled runs), None when not known."""
+    stop_children: int
+    """Candidates the node where the walk stopped had (all rejected)."""
+
+
+@dataclass(frozen=True)
 class Cycle:
     """One guess-and-verify cycle (a plain decoding step is a cycle with nothing proposed)."""
 
@@ -39,3 +56,5 @@ class Cycle:
     refed: int = 0
     """Of those, ids fed again after a checkpoint was restored (recurrent or wrapped
     sliding-window caches roll back that way); 0 for attention-only models."""
+    tree: TreeOutcome | None = None
+    """A tree cycle's tree (`proposed` counts its nodes); None for a chain or a plain step."""

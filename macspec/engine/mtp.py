@@ -127,6 +127,19 @@ class MTPDrafter:
         self._trim(min(self.exact, keep))
         self.hidden.forget_before(self.exact)
 
+    def catch_up(self, context: Sequence[int]) -> tuple[mx.array, int] | None:
+        """Feed the pairs (t_{i+1}, h_i) of every committed position not in the cache yet;
+        (the head's output that predicts the next id, ids fed), or None with nothing to feed."""
+        n = len(context)
+        self.tokens = list(context)
+        lo = self.exact
+        if lo > n - 2 or not self.hidden.has(lo, n - 1):
+            return None
+        ids = mx.array(list(context[lo + 1 : n]), mx.uint32)
+        out = self.head(self.embed(ids), self.hidden.get(lo, n - 1), self.cache)[-1:]
+        self.exact = n - 1
+        return out, n - 1 - lo
+
     def propose(
         self,
         context: Sequence[int],
@@ -135,16 +148,10 @@ class MTPDrafter:
         draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
-        n = len(context)
-        self.tokens = list(context)
-        lo = self.exact
-        if lo > n - 2 or not self.hidden.has(lo, n - 1):
+        caught = self.catch_up(context)
+        if caught is None:
             return Draft(tokens=[], source=self.name)  # nothing to draft from
-        # Catch up: pairs (t_{i+1}, h_i) for every committed position not in the cache yet.
-        ids = mx.array(list(context[lo + 1 : n]), mx.uint32)
-        out = self.head(self.embed(ids), self.hidden.get(lo, n - 1), self.cache)[-1:]
-        self.exact = n - 1
-        fed = n - 1 - lo
+        out, fed = caught
         guesses = []
         for i in range(k):
             logits = self.lm_head(out)[:, : self.vocab_size]
