@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import tiny
-from losslesskit import PROMPTS, done_of, reference
+from losslesskit import PROMPTS, done_of, passes_of, reference
 
 from macspec.cli import main
 from macspec.engine.choice import DrafterChoice
@@ -111,20 +111,10 @@ def test_hidden_states_cost_no_extra_target_pass(tok, tmp_path, drafter_kind):
         )
     else:
         drafter = DFlashDrafter(load_dflash(tiny.save_dflash_folder(tmp_path), config), target)
-    calls = []
-    original = type(target).__call__
-
-    def counted(self, *args, **kwargs):
-        calls.append(args[0].shape[1])
-        return original(self, *args, **kwargs)
-
     engine = Engine(target, tok, drafter, FixedPolicy(3))
     prompt = tok.encode("The quick brown fox")
-    type(target).__call__ = counted
-    try:
+    with passes_of(target) as calls:
         events = list(engine.generate(prompt, GenerationConfig(max_tokens=24)))
-    finally:
-        type(target).__call__ = original
     cycles = [e for e in events if isinstance(e, Cycle)]
     done = done_of(events)
     assert done.tokens == reference(target, prompt, 24)

@@ -42,12 +42,13 @@ def open_models(
     cache_options: CacheOptions | None = None,
     group=None,
     watchdog=None,
+    draft_tree: str | None = None,
 ) -> ChatModels:
     """Load resolved models into an engine (slow: run it off the UI thread); with an
     mlx.distributed `group`, the target sharded over its ranks (see `build_engine`)."""
     engine, loaded = build_engine(
         resolved, num_draft_tokens, no_draft, draft, cache_options or DEFAULT_CACHE, group,
-        watchdog,
+        watchdog, draft_tree,
     )  # fmt: skip
     models = ModelInfo(
         target=resolved.target_name,

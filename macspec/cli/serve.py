@@ -56,6 +56,7 @@ def serve(
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
     draft: opt.DraftSource = None,
+    draft_tree: opt.DraftTree = None,
     think: opt.Think = None,
     chat_template_args: opt.ChatTemplateArgs = None,
 ) -> None:
@@ -72,12 +73,13 @@ def serve(
     # MLX, mlx-lm, FastAPI and uvicorn load here, not at import: `macspec --help` stays instant.
     from macspec.cli.ranks import ranks
     from macspec.engine.sampling import SamplingParams
-    from macspec.models.flags import needs_draft_model
+    from macspec.models.flags import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
     from macspec.serve.backend import Defaults
     from macspec.serve.server import check_host
 
     check_host(host, api_key, insecure)
+    check_draft_flags(num_draft_tokens, no_draft, draft, draft_tree)  # before any model loads
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if max_queue < 0 or prompt_cache < 0:
@@ -94,7 +96,7 @@ def serve(
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
         served = serve_models(
-            resolved, (num_draft_tokens, no_draft, draft), where, defaults,
+            resolved, (num_draft_tokens, no_draft, draft, draft_tree), where, defaults,
             (host, port, api_key, max_queue, prompt_cache),
         )  # fmt: skip
     if served is not None:
@@ -114,9 +116,11 @@ def serve_models(
     from macspec.serve.server import run_server
 
     host, port, api_key, max_queue, prompt_cache = listen
-    num_draft_tokens, no_draft, draft = draft_args
+    num_draft_tokens, no_draft, draft, draft_tree = draft_args
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
-    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, **where)
+    loaded = open_models(
+        resolved, num_draft_tokens, no_draft, draft, **where, draft_tree=draft_tree
+    )
     engine = loaded.engine
     leader = None
     if where:

@@ -24,6 +24,8 @@ class TreeOutcome:
     (greedy and coupled runs), None when not known."""
     stop_children: int
     """Candidates the node where the walk stopped had (all rejected)."""
+    grown: str = "shape"
+    """How the tree was grown: 'shape' (fixed from measured acceptance) or 'ddtree'."""
 
 
 @dataclass(frozen=True)

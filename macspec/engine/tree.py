@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 
 import mlx.core as mx
@@ -169,12 +169,13 @@ class TreeDraft:
     """(R, V) the draft distributions (the rejection rule only)."""
     shape: Shape | None = None
     """The shape, when it was fixed before drafting (every rejection-rule tree)."""
+    grown: str = "shape"
+    """'shape' (grown to a fixed shape) or 'ddtree' (DDTree's best-first over marginals)."""
     steps: int = 0
     fed: int = 0
     source: str = "model"
     base: int = 0
     """Ids committed when it was drafted (a draft model's cache goes back there)."""
-    extra: dict = field(default_factory=dict)
 
 
 class Scorer:
@@ -311,4 +312,5 @@ def ddtree(keys: mx.array, budget: int) -> TreeDraft:
         depth=depth_count,
         keys=keys,
         row_of=row_of,
+        grown="ddtree",
     )

@@ -81,6 +81,7 @@ def verify_tree(
         path_ranks=tuple(path_ranks[:n]),
         stop_rank=stop_rank if stop_rank >= 0 and n == ends else None,
         stop_children=len(stop),
+        grown=tree.grown,
     )
     cycle = Cycle(
         requested=requested,

@@ -20,11 +20,10 @@ from dataclasses import replace
 
 from macspec.engine import treeattn, treedraft
 from macspec.engine.cycle import Cycle
-from macspec.engine.policy import DraftPolicy
+from macspec.engine.policy import DraftPolicy, tree_size
 from macspec.engine.stats import Ema
 from macspec.engine.tree import Shape, best_first, expected_kept
 from macspec.engine.treedraft import TreePlan
-from macspec.errors import MacspecError
 
 RANKS = 8
 """Candidate ranks tracked per depth (a tree asks for no more children than this)."""
@@ -32,6 +31,9 @@ DEPTHS = 16
 """Depths tracked (deeper ones borrow the deepest seen)."""
 AUTO_BUDGETS = (4, 8, 16, 32, 64)
 """Tree sizes `auto` prices."""
+PROBE_GROWTH = 16
+"""A block drafter's trees: every this many, the way of growing them that keeps fewer guesses
+is tried again."""
 DEFAULT_DEPTH = 8
 """How deep `auto` lets a tree grow when the drafter does not bound it."""
 
@@ -118,6 +120,9 @@ class TreePolicy:
         self._cycles = 0
         self.last_tree = 0
         """Nodes of the latest cycle's tree (0: a chain or a plain step), for the UI."""
+        self._grown = {"shape": Ema(0.2), "ddtree": Ema(0.2)}
+        """A block drafter's trees, greedy or coupled: guesses kept per tree, by how grown."""
+        self._block_trees = 0
 
     # -- the draft-length policy's interface, delegated ------------------------------------
     @property
@@ -160,6 +165,8 @@ class TreePolicy:
             self.stats.setdefault(cycle.draft_source or "model", RankStats()).observe(cycle)
         if cycle.timed:
             self._observe_times(cycle)
+        if cycle.tree is not None and treedraft.max_depth(self._engine.drafter) is not None:
+            self._grown[cycle.tree.grown].add(cycle.accepted)
         if cycle.tree is not None:  # the draft-length policy learns the chain it holds
             tree = cycle.tree
             run = next((i for i, r in enumerate(tree.path_ranks) if r), len(tree.path_ranks))
@@ -178,7 +185,7 @@ class TreePolicy:
         if budget is None or budget <= depth:
             return None
         drafter = treedraft.tree_drafter(self._engine.drafter)
-        if greedy_or_coupled and treedraft.max_depth(drafter) is not None and DFLASH_DDTREE:
+        if greedy_or_coupled and treedraft.max_depth(drafter) is not None and self._ddtree_next():
             return TreePlan(None, budget, depth)
         shape = self._shape(budget, depth)
         return None if shape.is_chain() else TreePlan(shape, budget, depth)
@@ -187,6 +194,17 @@ class TreePolicy:
     def tree_note(self) -> str | None:
         """Why trees were not verified, when they could not be (else None)."""
         return self.note or self._drafter_note
+
+    def _ddtree_next(self) -> bool:
+        """A block drafter's next tree: DDTree over its own marginals, or the measured shape,
+        whichever has kept more guesses per tree (each tried first; the other one every
+        `PROBE_GROWTH`-th tree since, so the figures stay fresh)."""
+        self._block_trees += 1
+        shape, ddtree = (self._grown[k].value for k in ("shape", "ddtree"))
+        if shape is None or ddtree is None:
+            return ddtree is None and shape is not None
+        better = ddtree > shape
+        return better != (self._block_trees % PROBE_GROWTH == 0)
 
     def _tree_possible(self, context: list[int] | None = None) -> bool:
         if self.note is not None or self._engine is None:
@@ -279,26 +297,9 @@ class TreePolicy:
         return best
 
 
-DFLASH_DDTREE = True
-"""DFlash, greedy and coupled: DDTree over the block's own marginals (True), or the measured
-best-first shape filled from them (False)."""
-
-
 def make_tree_policy(spec: str | int | None, inner: DraftPolicy) -> DraftPolicy:
     """`--draft-tree`: 'off' (or None) keeps `inner`; a number of nodes, or 'auto'."""
-    if spec is None:
+    size = tree_size(spec)
+    if size is None:
         return inner
-    text = str(spec).strip().lower()
-    if text == "off":
-        return inner
-    if text == "auto":
-        return TreePolicy(inner, None)
-    try:
-        budget = int(text)
-    except ValueError:
-        budget = 0
-    if not 2 <= budget <= 256 or text != str(budget):
-        raise MacspecError(
-            f"--draft-tree must be a number of nodes from 2 to 256, 'auto' or 'off', got {spec!r}"
-        )
-    return TreePolicy(inner, budget)
+    return TreePolicy(inner, None if size == "auto" else size)

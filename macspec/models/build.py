@@ -11,7 +11,8 @@ from macspec.engine.drafters import Drafter, ModelDrafter
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine
 from macspec.engine.mtp import MTPDrafter
-from macspec.engine.policy import make_policy
+from macspec.engine.policy import make_policy, tree_size
+from macspec.engine.treepolicy import make_tree_policy
 from macspec.errors import MacspecError
 from macspec.models.catalog import ResolvedModels
 from macspec.models.drafters import (
@@ -68,6 +69,7 @@ def build_engine(
     cache_options: CacheOptions = DEFAULT_CACHE,
     group=None,
     watchdog=None,
+    draft_tree: str | None = None,
 ) -> tuple[Engine, LoadedModels]:
     """Load the models and build the engine.
 
@@ -78,10 +80,12 @@ def build_engine(
 
     With an mlx.distributed `group` (several ranks under mlx.launch) the target is sharded over
     them, the draft replicated, and the engine a `DistributedEngine` whose ranks agree on every
-    decision (`watchdog`: kicked by every pass and exchange).
+    decision (`watchdog`: kicked by every pass and exchange). `draft_tree`: `--draft-tree`.
     """
-    check_draft_flags(num_draft_tokens, no_draft, draft)
+    check_draft_flags(num_draft_tokens, no_draft, draft, draft_tree)
     check_distributed_source(draft, group)
+    if group is not None and tree_size(draft_tree) is not None:
+        raise MacspecError("--draft-tree is not supported on a target split across machines yet")
     spec = num_draft_tokens
     if spec is None:
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
@@ -102,6 +106,7 @@ def build_engine(
         drafter = make_drafter(source, loaded, cache_options)
         if isinstance(drafter, DrafterChoice):
             policy = drafter  # it chooses the draft length per candidate, too
+        policy = make_tree_policy(draft_tree, policy)
         engine = Engine(
             loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
         )
