@@ -3,7 +3,8 @@
 Greedy output is mlx-lm's target-alone greedy token for token with trees from a draft model,
 an MTP head and a block drafter (DDTree and the measured shape); seeded output is plain
 decoding's with the seed; one target pass per tree; after a tree cycle the caches hold exactly
-the kept path; a hybrid target verifies chains and says so.
+the kept path, also in a hybrid target's Gated DeltaNet layers (one state per branch); other
+recurrent targets verify chains and say so.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def run_all(tok, target, drafter, size="8", k=4, force_ddtree=None):
     engine = Engine(target, tok, drafter, make_tree_policy(size, FixedPolicy(k)))
     if force_ddtree is not None:
         engine.policy._ddtree_next = lambda: force_ddtree
-    same, passes, decided, trees, kept = 0, 0, 0, 0, 0
+    same, passes, decided, trees, kept, refed = 0, 0, 0, 0, 0, 0
     for prompt in prompts_of(tok):
         done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))
         assert done.tokens == reference(target, prompt, MAX_TOKENS), tok.decode(prompt)
@@ -63,7 +64,9 @@ def run_all(tok, target, drafter, size="8", k=4, force_ddtree=None):
         decided += done.stats.generated_tokens + done.stats.end_tokens
         trees += done.stats.tree_cycles
         kept += done.stats.draft_accepted
-    return engine, dict(same=same, per_pass=decided / passes, trees=trees, kept=kept)
+        refed += done.stats.refed_tokens
+    stats = dict(same=same, per_pass=decided / passes, trees=trees, kept=kept, refed=refed)
+    return engine, stats
 
 
 def test_draft_model_trees_are_the_target_alone(tok, llama):
@@ -135,9 +138,12 @@ def test_one_target_pass_per_tree(tok, llama):
     assert any(any(r > 0 for r in c.tree.path_ranks) for c in trees)
 
 
-@pytest.mark.parametrize("drafter_kind", ["model", "mtp"])
-def test_seeded_output_with_trees_is_plain_decodings(tok, llama, qwen3_mtp, drafter_kind):
-    target, extra = llama if drafter_kind == "model" else qwen3_mtp
+@pytest.mark.parametrize("drafter_kind", ["model", "mtp", "hybrid mtp"])
+def test_seeded_output_with_trees_is_plain_decodings(
+    tok, llama, qwen3_mtp, hybrid_mtp, drafter_kind
+):
+    pairs = {"model": llama, "mtp": qwen3_mtp, "hybrid mtp": hybrid_mtp}
+    target, extra = pairs[drafter_kind]
     drafter = ModelDrafter(extra) if drafter_kind == "model" else MTPDrafter(extra, target)
     engine = Engine(target, tok, drafter, make_tree_policy("12", FixedPolicy(3)))
     plain = Engine(target, tok)
@@ -173,14 +179,33 @@ def test_closing_mid_tree_cycle_leaves_the_delivered_prefix(tok, llama):
     assert done.tokens == want
 
 
-def test_a_hybrid_target_verifies_chains_and_says_why(tok):
+@pytest.fixture(scope="module")
+def hybrid_mtp():
     target = tiny.near_bigram(tiny.arch_model("qwen3_5", 0, scale=3.0), mix=0.02)
-    head = mtp_head(target, noise=0.005)
-    engine = Engine(target, tok, MTPDrafter(head, target), make_tree_policy("8", FixedPolicy(3)))
-    for prompt in prompts_of(tok)[:3]:
+    return target, mtp_head(target)
+
+
+def test_hybrid_targets_branch_their_recurrent_state(tok, hybrid_mtp):
+    """Qwen3.5's Gated DeltaNet layers take a tree pass with one state per branch, and keep
+    the kept path's state after it."""
+    target, head = hybrid_mtp
+    _, stats = run_all(tok, target, MTPDrafter(head, target), size="12")
+    assert stats["trees"] > 0 and stats["kept"] > 0
+    assert stats["refed"] == 0  # no state restored and fed again: the kept path's own
+
+
+def test_other_recurrent_targets_verify_chains_and_say_why(tok):
+    target = tiny.arch_model("lfm2", 0, scale=3.0)  # short convolutions: not Gated DeltaNet
+    engine = Engine(
+        target,
+        tok,
+        ModelDrafter(tiny.unrelated_llama(target)),
+        make_tree_policy("8", FixedPolicy(3)),
+    )
+    for prompt in prompts_of(tok)[:2]:
         done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))
         assert done.tokens == reference(target, prompt, MAX_TOKENS)
-        assert done.stats.tree_cycles == 0 and done.stats.draft_accepted > 0
+        assert done.stats.tree_cycles == 0 and done.stats.draft_proposed > 0
         assert done.stats.tree_note.startswith("tree off: the target has recurrent layers")
 
 

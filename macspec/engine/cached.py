@@ -249,6 +249,15 @@ class CachedModel:
             mx.eval([c.state for c in self.cache])
             mx.clear_cache()
 
+    def replace_tail(self, start: int, ids: Sequence[int]) -> None:
+        """The ids from `start` on are now `ids`: a tree pass kept one path of its nodes, its
+        cache already compacted to them (bookkeeping only). The pass's record, made for ids in
+        a row, no longer describes the cache."""
+        tokens = self.tokens
+        del tokens[start:]
+        tokens.extend(ids)
+        self._pass = None
+
     # -- rollback ------------------------------------------------------------------------------
     def checkpoint(self, slot: str = "cycle") -> None:
         """Remember the state after the ids fed so far, so a rollback can return here.

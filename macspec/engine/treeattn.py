@@ -28,7 +28,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import rope_utils
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
+
+from macspec.engine import recurrent, treerecurrent
 
 _active = threading.local()
 """`.positions`: (M,) positions of the pass's rows relative to the cache's offset;
@@ -102,10 +104,19 @@ KINDS = {"ArraysCache": "recurrent", "RotatingKVCache": "sliding-window"}
 """What the caches a tree pass cannot take are, in words."""
 
 
+def branches_recurrent(model: nn.Module, cache: Sequence[Any]) -> bool:
+    """Whether every recurrent layer of the model is Gated DeltaNet, which a tree pass runs
+    with one state per branch (`treerecurrent`); False without recurrent layers."""
+    layers = sum(isinstance(c, ArraysCache) for c in cache)
+    return layers > 0 and recurrent.install(model) == layers
+
+
 def tree_ready(model: nn.Module, cache: Sequence[Any]) -> str | None:
     """None when the model can take a tree pass with this cache; else why not, in words
     ('has recurrent layers (ArraysCache)')."""
-    others = sorted({type(c).__name__ for c in cache if not isinstance(c, TREE_CACHES)})
+    branching = (ArraysCache,) if branches_recurrent(model, cache) else ()
+    kinds = TREE_CACHES + branching
+    others = sorted({type(c).__name__ for c in cache if not isinstance(c, kinds)})
     if others:
         named = ", ".join(f"{KINDS.get(name, 'other')} layers ({name})" for name in others)
         return f"has {named}, which one tree pass cannot branch"
@@ -115,9 +126,18 @@ def tree_ready(model: nn.Module, cache: Sequence[Any]) -> str | None:
 
 
 @contextmanager
-def tree_pass(cache: Sequence[Any], positions: mx.array, visible: mx.array) -> Iterator[None]:
+def tree_pass(
+    cache: Sequence[Any], positions: mx.array, visible: mx.array, parents: list[int] | None = None
+) -> Iterator[treerecurrent.TreeRecord | None]:
     """Run the block's forward pass as a tree: row i at `positions[i]` after the cache's offset,
-    seeing every committed id and the pass's columns where `visible[i]` is set."""
+    seeing every committed id and the pass's columns where `visible[i]` is set. A model with
+    Gated DeltaNet layers also needs each row's parent row (`parents`, -1: the state before);
+    it yields the record `keep_rows` then needs."""
+    record = None
+    if any(isinstance(c, ArraysCache) for c in cache):
+        if parents is None:
+            raise ValueError("a tree pass through recurrent layers needs the rows' parents")
+        record = treerecurrent.rows_of(parents)
     swapped = []
     for layer_cache in cache:
         kind = type(layer_cache)
@@ -126,21 +146,35 @@ def tree_pass(cache: Sequence[Any], positions: mx.array, visible: mx.array) -> I
             swapped.append((layer_cache, kind))
     _active.positions, _active.visible = positions, visible
     try:
-        yield
+        if record is None:
+            yield None
+        else:
+            with treerecurrent.tree_rows(record):
+                yield record
     finally:
         _active.positions = _active.visible = None
         for layer_cache, kind in swapped:
             layer_cache.__class__ = kind
 
 
-def keep_rows(cache: Sequence[Any], start: int, rows: Sequence[int]) -> None:
+def keep_rows(
+    cache: Sequence[Any], start: int, rows: Sequence[int],
+    record: treerecurrent.TreeRecord | None = None, path: Sequence[int] = (),
+) -> None:  # fmt: skip
     """After a tree pass that filled slots from `start` on: keep `rows` (slot numbers counted
     from `start`, in order) as slots start, start + 1, ..., and forget the others (the next pass
-    writes over them)."""
+    writes over them). Recurrent layers take the state after the pass rows `path` (the kept
+    chain of rows, from the first), recomputed from the pass's `record`."""
     index = None
     if any(row != i for i, row in enumerate(rows)):
         index = mx.array([start + row for row in rows], mx.int32)
+    recurrent_layers = [c for c in cache if isinstance(c, ArraysCache)]
+    for i, layer_cache in enumerate(recurrent_layers):
+        update = recurrent.original_update()
+        layer_cache[0], layer_cache[1] = treerecurrent.kept_states(record, i, path, update)
     for layer_cache in cache:
+        if isinstance(layer_cache, ArraysCache):
+            continue
         if index is not None:
             # Quantized caches hold (packed, scales, biases): each part moves alike.
             for group in (layer_cache.keys, layer_cache.values):
@@ -159,7 +193,7 @@ def check_tree_pass(model: nn.Module, cache: list[Any], ids: Sequence[int]) -> s
     tree = mx.array([prefix[-1], a, b], mx.uint32)[None]
     positions = mx.array([0, 1, 1], mx.int32)
     visible = mx.array([[True, False, False], [True, True, False], [True, False, True]])
-    with tree_pass(cache, positions, visible):
+    with tree_pass(cache, positions, visible, parents=[-1, 0, 0]):
         got = model(tree, cache=cache)[0, -1]
     want = model(mx.array(prefix + [b])[None])[0, -1]
     scale = mx.abs(want).max().item() or 1.0

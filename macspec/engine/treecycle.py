@@ -45,9 +45,16 @@ def verify_tree(
     ancestry = ancestors(tree)
     ids = mx.concatenate([mx.array(pending, mx.uint32), tree.tokens])
     target.checkpoint()
+    # Each pass row's parent row, for recurrent layers (a fixed shape: known on the host).
+    rows = None
+    if tree.shape is not None:
+        nodes = [fed + p if p >= 0 else fed - 1 for p in tree.shape.parents]
+        rows = [j - 1 for j in range(fed)] + nodes
     with (
         target.holding_hidden() as held,
-        treeattn.tree_pass(target.cache, positions(tree, fed), visibility(ancestry, fed)),
+        treeattn.tree_pass(
+            target.cache, positions(tree, fed), visibility(ancestry, fed), rows
+        ) as record,
     ):
         logits = target.forward(ids)[fed - 1 :, : engine.vocab_size]
     if params.greedy:
@@ -69,7 +76,7 @@ def verify_tree(
     # A kept end of sequence ends the answer: nothing after it is kept.
     ends = next((i + 1 for i, t in enumerate(path_ids[:n]) if t in engine.eos_ids), n)
     n = min(n, ends)
-    _keep_path(engine, context, fed, path[:n], path_ids[:n], held)
+    _keep_path(engine, context, fed, path[:n], path_ids[:n], held, record)
     kept = path_ids[:n] + [token]
     context += kept
     treedraft.release(engine.drafter, tree.base)
@@ -102,19 +109,19 @@ def verify_tree(
 
 
 def _keep_path(
-    engine: Engine, context: list[int], fed: int, path: list[int], ids: list[int], held: list
-) -> None:
+    engine: Engine, context: list[int], fed: int, path: list[int], ids: list[int], held: list,
+    record,
+) -> None:  # fmt: skip
     """The target's cache keeps the ids it was fed and the kept path's nodes; the drafter
     gets the hidden states of exactly those."""
     target = engine.target
     start = len(context)  # the first node's slot
-    treeattn.keep_rows(target.cache, start, path)
-    tokens = target.tokens
-    del tokens[start:]
-    tokens.extend(ids)
+    rows = list(range(fed)) + [fed + node for node in path]  # the kept chain of pass rows
+    treeattn.keep_rows(target.cache, start, path, record, rows)
+    target.replace_tail(start, ids)
     if held:
         first, hidden = held[0]
-        rows = mx.array(list(range(fed)) + [fed + node for node in path], mx.int32)
+        rows = mx.array(rows, mx.int32)
         kept = Hidden(
             final=hidden.final[rows] if hidden.final is not None else None,
             layers={i: h[rows] for i, h in hidden.layers.items()},

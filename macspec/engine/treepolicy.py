@@ -110,6 +110,7 @@ class TreePolicy:
         self.note: str | None = None
         """Why this engine verifies chains only (shown in the stats), None while trees run."""
         self._engine = None
+        self._recurrent = False
         self._drafter_note: str | None = None
         self._checked = False
         self._chosen: int | None = None  # auto: the tree size chosen for the coming cycle
@@ -144,7 +145,9 @@ class TreePolicy:
     def bind(self, engine) -> None:
         """Check once that the engine's target can verify trees."""
         self._engine = engine
-        why = treeattn.tree_ready(engine.target.model, engine.target.cache)
+        target = engine.target
+        self._recurrent = treeattn.branches_recurrent(target.model, target.cache)
+        why = treeattn.tree_ready(target.model, target.cache)
         if why is not None:
             self.note = f"tree off: the target {why}; chains"
 
@@ -200,6 +203,8 @@ class TreePolicy:
         whichever has kept more guesses per tree (each tried first; the other one every
         `PROBE_GROWTH`-th tree since, so the figures stay fresh)."""
         self._block_trees += 1
+        if self._recurrent:  # recurrent layers need the tree's shape on the host
+            return False
         shape, ddtree = (self._grown[k].value for k in ("shape", "ddtree"))
         if shape is None or ddtree is None:
             return ddtree is None and shape is not None
