@@ -37,10 +37,13 @@ from macspec.engine.treepolicy import make_tree_policy  # noqa: E402
 from macspec.models.drafters import load_dflash  # noqa: E402
 
 
-def measure(engine, prompts, wants, max_tokens, temp) -> tuple[float, float, str]:
-    """(tokens per pass, mean tree nodes, outputs checked 'n/m')."""
+def measure(make_engine, prompts, wants, max_tokens, temp) -> tuple[float, float, str]:
+    """(tokens per pass, mean tree nodes, outputs checked 'n/m'). A fresh engine per prompt
+    (an MTP or DFlash drafter kept across unrelated prompts can lose the hidden states of
+    their shared prefix), sharing one tree policy and the acceptance by rank it measures."""
     decided = passes = nodes = cycles = same = 0
     for i, prompt in enumerate(prompts):
+        engine = make_engine()
         config = GenerationConfig(
             max_tokens=max_tokens, sampling=SamplingParams(temperature=temp), seed=i
         )
@@ -78,11 +81,14 @@ def rows_for(label, target, make_drafter, prompts, max_tokens, args, tok, vocab=
             cells = []
             for size in ("off", *sizes):
                 policy = make_tree_policy(size, FixedPolicy(depth))
-                engine = Engine(target, tok, make_drafter(), policy, vocab_size=vocab)
                 if force is not None and size != "off":
-                    engine.policy._ddtree_next = lambda: force
+                    policy._ddtree_next = lambda: force
+
+                def engine(policy=policy):
+                    return Engine(target, tok, make_drafter(), policy, vocab_size=vocab)
+
                 tpp, mean, same = measure(engine, prompts, wants, max_tokens, temp)
-                note = engine.policy.tree_note if size != "off" else None
+                note = getattr(policy, "tree_note", None)
                 cells.append(note or f"{tpp:.2f} ({same})")
             print(f"| {label} | {temp:g} | {depth} | " + " | ".join(cells) + " |", flush=True)
 

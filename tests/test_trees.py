@@ -227,3 +227,22 @@ def test_trees_on_a_quantized_kv_cache_match_chains(tok):
         tree = done_of(trees.generate(prompt, GenerationConfig(max_tokens=MAX_TOKENS)))
         assert tree.tokens == chain.tokens and tree.stats.tree_cycles > 0
     assert type(trees.target.cache[0]).__name__ == "QuantizedKVCache"
+
+
+@pytest.mark.parametrize("sampler", [None, "coupled", "rejection"])
+def test_one_host_device_wait_per_tree_cycle(tok, llama, sampler):
+    """The tree stays on the device into the verify pass; its verdict and kept path are read
+    together, once (the bench's own counter, bench/waits.py)."""
+    from test_waits import waits_per_cycle
+
+    from macspec.bench.waits import WaitCounter
+
+    target, draft = llama
+    engine = Engine(target, tok, ModelDrafter(draft), make_tree_policy("8", FixedPolicy(3)))
+    done_of(engine.generate(tok.encode("hi"), GenerationConfig(max_tokens=3)))  # its check
+    temperature = 0.0 if sampler is None else 0.8
+    config = GenerationConfig(24, SamplingParams(temperature=temperature), seed=1, sampler=sampler)
+    with WaitCounter([target, draft]) as waits:
+        cycles = waits_per_cycle(engine, tok.encode("the cat sat on the mat"), config, waits)
+    trees = [w for c, w in cycles if c.tree is not None]
+    assert len(trees) >= 3 and all(w == 1 for w in trees), cycles

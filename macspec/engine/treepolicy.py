@@ -34,6 +34,8 @@ AUTO_BUDGETS = (4, 8, 16, 32, 64)
 PROBE_GROWTH = 16
 """A block drafter's trees: every this many, the way of growing them that keeps fewer guesses
 is tried again."""
+RESHAPE_EVERY = 4
+"""Cycles between recomputations of the best shape from the acceptance measured."""
 DEFAULT_DEPTH = 8
 """How deep `auto` lets a tree grow when the drafter does not bound it."""
 
@@ -124,6 +126,9 @@ class TreePolicy:
         self._grown = {"shape": Ema(0.2), "ddtree": Ema(0.2)}
         """A block drafter's trees, greedy or coupled: guesses kept per tree, by how grown."""
         self._block_trees = 0
+        self._shapes: dict[tuple[str, int, int], Shape] = {}
+        self._observed = 0
+        self._drafter_reasons: dict[int, str | None] = {}
 
     # -- the draft-length policy's interface, delegated ------------------------------------
     @property
@@ -164,6 +169,9 @@ class TreePolicy:
 
     def observe(self, cycle: Cycle) -> None:
         self.last_tree = cycle.tree.nodes if cycle.tree is not None else 0
+        self._observed += 1
+        if self._observed % RESHAPE_EVERY == 0:
+            self._shapes.clear()
         if cycle.requested or cycle.proposed:
             self.stats.setdefault(cycle.draft_source or "model", RankStats()).observe(cycle)
         if cycle.timed:
@@ -214,10 +222,14 @@ class TreePolicy:
     def _tree_possible(self, context: list[int] | None = None) -> bool:
         if self.note is not None or self._engine is None:
             return False
-        drafter = self._engine.drafter
-        why = treedraft.no_tree_reason(drafter) if drafter is not None else "no drafter"
+        drafter = treedraft.tree_drafter(self._engine.drafter)
+        if id(drafter) not in self._drafter_reasons:  # asked once per drafter: it walks modules
+            why = treedraft.no_tree_reason(drafter) if drafter is not None else "no drafter"
+            self._drafter_reasons[id(drafter)] = why
+        why = self._drafter_reasons[id(drafter)]
         if why is not None:
-            self._drafter_note = f"tree off: {why}; chains"
+            if drafter is self._engine.drafter:  # not one of --draft auto's candidates
+                self._drafter_note = f"tree off: {why}; chains"
             return False
         if not self._checked and context is not None and len(context) >= 3:
             self._checked = True
@@ -239,7 +251,13 @@ class TreePolicy:
         return self.stats.setdefault(source, RankStats()).accept()
 
     def _shape(self, budget: int, depth: int) -> Shape:
-        return best_first(self._accept(), budget, depth)
+        """The best shape under the acceptance measured (recomputed every `RESHAPE_EVERY`
+        cycles: the estimates move slowly, and a cycle should not wait on the host)."""
+        source = treedraft.tree_drafter(self._engine.drafter).name
+        key = (source, budget, depth)
+        if key not in self._shapes:
+            self._shapes[key] = best_first(self._accept(), budget, depth)
+        return self._shapes[key]
 
     # -- auto: pricing ------------------------------------------------------------------------
     def _observe_times(self, cycle: Cycle) -> None:
