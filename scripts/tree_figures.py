@@ -23,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+import mlx.core as mx  # noqa: E402
 import tiny  # noqa: E402
 from losslesskit import PROMPTS, reference  # noqa: E402
 from treekit import OracleBlock, mtp_head  # noqa: E402
@@ -132,9 +133,59 @@ def demo(args):
         yield f"demo, {kind}", loaded, prompts, lambda k=kind: make_drafter(k, loaded), None
 
 
+def hybrid_pass_cost(repeats: int = 9) -> None:
+    """A tree pass against a chain pass over as many ids, on attention and hybrid targets
+    (8 layers, hidden 256): what branching the Gated DeltaNet state costs, level by level."""
+    import time
+
+    import numpy as np
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from macspec.engine import recurrent, treeattn
+    from macspec.engine.tree import best_first
+    from macspec.engine.treeverdict import visibility
+
+    size = dict(hidden_size=256, num_hidden_layers=8, intermediate_size=512, head_dim=32)
+    size.update(num_attention_heads=8, num_key_value_heads=2)
+    linear = dict(linear_num_value_heads=8, linear_num_key_heads=4)
+    linear.update(linear_key_head_dim=32, linear_value_head_dim=32)
+    print("| target | ids | tree levels | chain pass, ms | tree pass, ms | ratio |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for kind, extra in (("qwen3", {}), ("qwen3_5", linear)):
+        model = tiny.arch_model(kind, 0, **size, **extra)
+        recurrent.install(model)
+        treeattn.install(model)
+        prompt = mx.array(list(range(10, 138)))[None]
+        for nodes, depth in ((16, 4), (32, 6)):
+            shape = best_first([[0.6, 0.2, 0.1, 0.05]] * depth, nodes, depth)
+            ancestry = np.eye(nodes, dtype=bool)
+            for i, p in enumerate(shape.parents):
+                ancestry[i] |= ancestry[p] if p >= 0 else False
+            visible = visibility(mx.array(ancestry), 1)
+            positions = mx.array([0, *shape.depths], mx.int32)
+            parents = [-1] + [1 + p if p >= 0 else 0 for p in shape.parents]
+            ids = mx.array([5] + [7] * nodes)[None]
+            tree = (positions, visible, parents)
+            times = {"chain": [], "tree": []}
+            for _ in range(repeats):  # interleaved, each on a fresh prefilled cache
+                for run in times:
+                    cache = make_prompt_cache(model)
+                    model(prompt, cache=cache)
+                    mx.eval([c.state for c in cache])
+                    start = time.perf_counter()
+                    if run == "tree":
+                        with treeattn.tree_pass(cache, *tree):
+                            mx.eval(model(ids, cache=cache))
+                    else:
+                        mx.eval(model(ids, cache=cache))
+                    times[run].append(time.perf_counter() - start)
+            c, t = (1000 * float(np.median(times[r])) for r in ("chain", "tree"))
+            print(f"| {kind} | {nodes + 1} | {shape.depth + 1} | {c:.1f} | {t:.1f} | {t / c:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("fixtures", "demo"), default=None)
+    parser.add_argument("--only", choices=("fixtures", "demo", "hybrid-cost"), default=None)
     parser.add_argument("--temps", default="0")
     parser.add_argument("--depths", default="4")
     parser.add_argument("--sizes", default="8,16,32")
@@ -142,6 +193,9 @@ def main() -> None:
     parser.add_argument("--demo-tokens", type=int, default=128)
     parser.add_argument("-n", type=int, default=20, help="demo prompts")
     args = parser.parse_args()
+    if args.only == "hybrid-cost":
+        hybrid_pass_cost()
+        return
     sizes = args.sizes.split(",")
     print("tokens per target pass (outputs identical to the reference / prompts)")
     print("| drafter | T | depth | chain | " + " | ".join(f"tree {s}" for s in sizes) + " |")

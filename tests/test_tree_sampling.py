@@ -18,7 +18,7 @@ from macspec.engine.policy import FixedPolicy
 from macspec.engine.sampling import SamplingParams
 from macspec.engine.treepolicy import make_tree_policy
 
-V, LENGTH, RUNS = 5, 3, 800
+V, LENGTH, RUNS = 5, 3, 600
 PARAMS = SamplingParams(temperature=1.0)
 PROMPT = [1, 4, 2]
 
