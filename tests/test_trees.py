@@ -246,3 +246,22 @@ def test_one_host_device_wait_per_tree_cycle(tok, llama, sampler):
         cycles = waits_per_cycle(engine, tok.encode("the cat sat on the mat"), config, waits)
     trees = [w for c, w in cycles if c.tree is not None]
     assert len(trees) >= 3 and all(w == 1 for w in trees), cycles
+
+
+def test_an_end_of_sequence_on_a_kept_path_ends_the_answer_there():
+    from test_sampling import IdTokenizer
+
+    class EndsAt3(IdTokenizer):
+        eos_token_ids = frozenset({3})
+
+    args = tiny.model_args(vocab=8, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    target = tiny.random_model(11, args, scale=2.0)
+    draft = tiny.noisy_copy(target, 0.1, seed=2)
+    engine = Engine(target, EndsAt3(), ModelDrafter(draft), make_tree_policy("8", FixedPolicy(3)))
+    ended = 0
+    for start in range(12):
+        prompt = [(start * 7 + i) % 8 for i in range(4)]
+        done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=20)))
+        assert done.tokens == reference(target, prompt, 20, eos=frozenset({3}))
+        ended += done.finish_reason == "stop"
+    assert ended > 4  # many answers end at the end of sequence, inside trees' kept paths
