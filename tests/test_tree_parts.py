@@ -172,8 +172,7 @@ def test_auto_prices_trees_by_the_measured_cost_of_a_pass(tok, curve):
     chosen = policy._chosen
     if curve == "flat":
         assert chosen is not None and chosen >= 8 and k >= 1
-        assert policy.expected_rate(best_first(policy._accept(), chosen, 8)) > policy.expected_rate(
-            Shape.chain(3)
-        )
+        shape = best_first(policy._accept(), chosen, 8)
+        assert policy.expected_rate(shape, tree=True) > policy.expected_rate(Shape.chain(3))
     else:
         assert chosen is None and k == 3

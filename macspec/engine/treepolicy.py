@@ -119,7 +119,9 @@ class TreePolicy:
         self._pass_time: dict[int, Ema] = {}
         self._draft_step: dict[str, Ema] = {}
         self._overhead = Ema(0.3)
-        self._tried: set[int] = set()
+        self._tree_time: dict[int, Ema] = {}
+        """Seconds of a whole tree cycle (drafting, the pass, the verdict), by tree size: every
+        tree cycle gives it, a probe or not."""
         self._cycles = 0
         self.last_tree = 0
         """Nodes of the latest cycle's tree (0: a chain or a plain step), for the UI."""
@@ -176,6 +178,9 @@ class TreePolicy:
             self.stats.setdefault(cycle.draft_source or "model", RankStats()).observe(cycle)
         if cycle.timed:
             self._observe_times(cycle)
+        if cycle.tree is not None:
+            seconds = cycle.draft_s + cycle.verify_s + cycle.overhead_s
+            self._tree_time.setdefault(cycle.tree.nodes, Ema(0.3)).add(seconds)
         if cycle.tree is not None and treedraft.max_depth(self._engine.drafter) is not None:
             self._grown[cycle.tree.grown].add(cycle.accepted)
         if cycle.tree is not None:  # the draft-length policy learns the chain it holds
@@ -268,8 +273,6 @@ class TreePolicy:
             self._draft_step.setdefault(cycle.draft_source or "model", Ema(0.3)).add(
                 cycle.draft_s / cycle.draft_steps
             )
-        if cycle.tree is not None:
-            self._tried.add(cycle.tree.nodes)
 
     def pass_time(self, m: int) -> float | None:
         """A target pass over m ids: measured, else interpolated, else extrapolated from the
@@ -287,15 +290,19 @@ class TreePolicy:
         (m0, t0), (m1, t1) = known[-2], known[-1]
         return max(t1, t1 + (t1 - t0) / (m1 - m0) * (m - m1))
 
-    def expected_rate(self, shape: Shape | None) -> float | None:
-        """Tokens per second of a cycle verifying `shape` (None: a plain step)."""
+    def expected_rate(self, shape: Shape | None, tree: bool = False) -> float | None:
+        """Tokens per second of a cycle verifying `shape` (None: a plain step); a tree's cost
+        is what cycles with trees of its size took, once there were some."""
         source = treedraft.tree_drafter(self._engine.drafter).name
         size = shape.size if shape is not None else 0
+        tokens = 1.0 + (expected_kept(shape, self._accept()) if size else 0.0)
+        measured = self._tree_time.get(size) if tree else None
+        if measured is not None and measured.value is not None:
+            return tokens / measured.value
         verify = self.pass_time(1 + size)
         step = self._draft_step.get(source)
         if verify is None or (size and (step is None or step.value is None)):
             return None
-        tokens = 1.0 + (expected_kept(shape, self._accept()) if size else 0.0)
         steps = 0 if not size else (1 if treedraft.max_depth(self._engine.drafter) else shape.depth)
         cost = verify + steps * (step.value if size else 0.0) + (self._overhead.value or 0.0)
         return tokens / cost
@@ -311,10 +318,11 @@ class TreePolicy:
         for budget in self.budgets:
             if budget <= depth:
                 continue
-            rate = self.expected_rate(self._shape(budget, depth))
+            shape = self._shape(budget, depth)
+            rate = self.expected_rate(shape, tree=True)
             if rate is None:
                 continue
-            untried = budget not in self._tried
+            untried = shape.size not in self._tree_time
             if rate > best_rate or (untried and rate > 0.8 * baseline and best is None):
                 best, best_rate = budget, max(rate, best_rate)
         return best
