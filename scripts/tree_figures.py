@@ -38,16 +38,18 @@ from macspec.engine.treepolicy import make_tree_policy  # noqa: E402
 from macspec.models.drafters import load_dflash  # noqa: E402
 
 
-def measure(make_engine, prompts, wants, max_tokens, temp) -> tuple[float, float, str]:
-    """(tokens per pass, mean tree nodes, outputs checked 'n/m'). A fresh engine per prompt
+def measure(make_engine, prompts, wants, max_tokens, temp, sampler=None):
+    """(tokens per pass, mean tree nodes, ' (n/m)' outputs identical to `wants`, or '' when
+    there is nothing to compare with: the rejection rule). A fresh engine per prompt
     (an MTP or DFlash drafter kept across unrelated prompts can lose the hidden states of
     their shared prefix), sharing one tree policy and the acceptance by rank it measures."""
     decided = passes = nodes = cycles = same = 0
     for i, prompt in enumerate(prompts):
         engine = make_engine()
         config = GenerationConfig(
-            max_tokens=max_tokens, sampling=SamplingParams(temperature=temp), seed=i
-        )
+            max_tokens=max_tokens, sampling=SamplingParams(temperature=temp), seed=i,
+            sampler=sampler if temp > 0 else None,
+        )  # fmt: skip
         done = list(engine.generate(prompt, config))[-1]
         s = done.stats
         decided += s.generated_tokens + s.end_tokens
@@ -55,7 +57,8 @@ def measure(make_engine, prompts, wants, max_tokens, temp) -> tuple[float, float
         nodes += s.tree_nodes
         cycles += s.tree_cycles
         same += done.tokens == wants(i)
-    return decided / passes, nodes / cycles if cycles else 0.0, f"{same}/{len(prompts)}"
+    checked = "" if wants(0) is None else f" ({same}/{len(prompts)})"
+    return decided / passes, nodes / cycles if cycles else 0.0, checked
 
 
 def rows_for(label, target, make_drafter, prompts, max_tokens, args, tok, vocab=None, force=None):
@@ -70,6 +73,11 @@ def rows_for(label, target, make_drafter, prompts, max_tokens, args, tok, vocab=
     for temp in temps:
         if temp == 0:
             wants = greedy.__getitem__
+        elif args.sampler == "rejection":  # the same distribution, not the same tokens
+
+            def wants(i):
+                return None
+
         else:  # coupled: plain decoding with the same seed
 
             def wants(i, temp=temp):
@@ -88,9 +96,9 @@ def rows_for(label, target, make_drafter, prompts, max_tokens, args, tok, vocab=
                 def engine(policy=policy):
                     return Engine(target, tok, make_drafter(), policy, vocab_size=vocab)
 
-                tpp, mean, same = measure(engine, prompts, wants, max_tokens, temp)
+                tpp, mean, same = measure(engine, prompts, wants, max_tokens, temp, args.sampler)
                 note = getattr(policy, "tree_note", None)
-                cells.append(note or f"{tpp:.2f} ({same})")
+                cells.append(note or f"{tpp:.2f}{same}")
             print(f"| {label} | {temp:g} | {depth} | " + " | ".join(cells) + " |", flush=True)
 
 
@@ -187,6 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("fixtures", "demo", "hybrid-cost"), default=None)
     parser.add_argument("--temps", default="0")
+    parser.add_argument("--sampler", choices=("coupled", "rejection"), default=None)
     parser.add_argument("--depths", default="4")
     parser.add_argument("--sizes", default="8,16,32")
     parser.add_argument("--max-tokens", type=int, default=32)

@@ -31,7 +31,7 @@ DEPTHS = 16
 """Depths tracked (deeper ones borrow the deepest seen)."""
 AUTO_BUDGETS = (4, 8, 16, 32, 64)
 """Tree sizes `auto` prices."""
-PROBE_GROWTH = 16
+PROBE_GROWTH = 64
 """A block drafter's trees: every this many, the way of growing them that keeps fewer guesses
 is tried again."""
 RESHAPE_EVERY = 4
