@@ -1,11 +1,12 @@
 """Growing a tree with each drafter that gives candidates.
 
-- A draft model (EAGLE-2 / SpecInfer style): one step per level over that level's inner nodes,
-  each a tree pass of its own over the draft's cache (the nodes see the committed ids and their
-  own ancestors), the candidates of a node taken in the draft's order.
+- A draft model: one step per level over that level's inner nodes (as EAGLE-2 and SpecInfer
+  grow theirs), each a tree pass of its own over the draft's cache (the nodes see the committed
+  ids and their own ancestors), a node's children its top candidates in the draft's order. The
+  shape is fixed before drafting, from measured acceptance by rank (`treepolicy`).
 - An MTP head: the same, each inner node fed with its parent's head output as its hidden state.
-- A DFlash block: one pass gives every position's marginal; DDTree's best-first tree over them
-  (greedy and coupled runs), or a fixed shape drawn from them (the rejection rule).
+- A DFlash block: one pass gives every position's marginal; the fixed shape filled from them,
+  or (greedy and coupled runs) DDTree's best-first tree over them.
 A lookup (or hybrid) drafter has one continuation to offer, so it drafts chains.
 
 After the verdict a draft model's cache goes back to the committed ids (`release`); its next
