@@ -74,8 +74,7 @@ def main() -> None:
                 rate = f"{accepted / proposed:.2f}" if proposed else "-"
                 sizes[agent] = dones[0].stats.prompt_tokens
                 same = all(
-                    d.tokens
-                    == list(alone.engine.generate(tuple(c), _config()))[-1].tokens
+                    d.tokens == list(alone.engine.generate(tuple(c), _config()))[-1].tokens
                     for d, c in zip(dones, [_prompt_of(backend, agent, f) for f in (0, 1)])
                 )
                 print(

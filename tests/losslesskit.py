@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -36,31 +38,39 @@ PROMPTS = [
 ]
 
 
-def reference(model, prompt: list[int], max_tokens: int) -> list[int]:
+def reference(model, prompt: list[int], max_tokens: int, eos=frozenset({EOS})) -> list[int]:
     """mlx-lm greedy decoding of the target alone, cut at (and without) EOS."""
     out = []
     for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens):
-        if token == EOS:
+        if token in eos:
             break
         out.append(token)
     return out
 
 
+@contextmanager
+def passes_of(model) -> Iterator[list[int]]:
+    """The ids of each forward pass of `model` (not of others of its class) in the block."""
+    calls: list[int] = []
+    original = type(model).__call__
+
+    def counted(self, *args, **kwargs):
+        if self is model:
+            calls.append(args[0].shape[1])
+        return original(self, *args, **kwargs)
+
+    type(model).__call__ = counted
+    try:
+        yield calls
+    finally:
+        type(model).__call__ = original
+
+
 def counted_run(target, engine, prompt: list[int], max_tokens: int) -> tuple[list[int], list]:
     """Run `engine` greedily on `prompt`, counting the target model's forward calls: (ids fed
     per call, the run's events)."""
-    calls: list[int] = []
-    original = type(target).__call__
-
-    def counted(self, *args, **kwargs):
-        calls.append(args[0].shape[1])
-        return original(self, *args, **kwargs)
-
-    type(target).__call__ = counted
-    try:
+    with passes_of(target) as calls:
         events = list(engine.generate(prompt, GenerationConfig(max_tokens=max_tokens)))
-    finally:
-        type(target).__call__ = original
     return calls, events
 
 

@@ -18,6 +18,7 @@ def default_pair_loader(
     no_draft: bool = False,
     draft: str | None = None,
     cache_options: CacheOptions | None = None,
+    draft_tree: str | None = None,
 ) -> Callable[[Pair], ChatModels]:
     """Loads a catalog pair from disk with the command line's draft settings."""
 
@@ -25,7 +26,9 @@ def default_pair_loader(
         resolved = resolve_models(
             pair.name, None, None, need_draft=needs_draft_model(draft, no_draft)
         )
-        return open_models(resolved, num_draft_tokens, no_draft, draft, cache_options)
+        return open_models(
+            resolved, num_draft_tokens, no_draft, draft, cache_options, draft_tree=draft_tree
+        )
 
     return load
 

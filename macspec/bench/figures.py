@@ -33,6 +33,9 @@ class BenchConfig:
     sampler: str | None = None
     """macspec at T > 0: None is the coupled sampler (seeded: tokens identical to plain
     decoding's), 'rejection' the rejection rule, run beside it to compare acceptance."""
+    tree: str | None = None
+    """macspec verifying draft trees (`--draft-tree`): at most this many nodes per pass, or
+    'auto'; None: chains."""
 
     @property
     def k(self) -> int | None:
@@ -46,7 +49,8 @@ class BenchConfig:
             return f"{self.tool} plain"
         # macspec's rows at T > 0 are coupled; its rejection-rule rows are named by the rule
         tool = self.sampler or (f"{self.tool} {self.source}" if self.source else self.tool)
-        return f"{tool} {self.draft if self.k is None else f'k={self.k}'}"
+        tree = {None: "", "auto": " tree"}.get(self.tree, f" tree {self.tree}")
+        return f"{tool} {self.draft if self.k is None else f'k={self.k}'}{tree}"
 
     @property
     def label(self) -> str:

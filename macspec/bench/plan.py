@@ -54,6 +54,9 @@ class BenchSettings:
     ranks: int = 1
     """Ranks the target is sharded over (mlx.launch). Above 1, macspec's rows only: mlx-lm's
     decoding cannot run on a sharded target; macspec plain is the baseline."""
+    trees: tuple[str, ...] = ()
+    """Draft-tree sizes (`--draft-tree`) macspec also runs, beside the chains: a tree of at
+    most N nodes at each k, and 'auto' beside the adaptive chains."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 2:
@@ -95,8 +98,13 @@ def plan_configs(settings: BenchSettings, mlx_lm_speculates: bool = True) -> lis
         if mlx_lm and mlx_lm_speculates:
             configs += [BenchConfig(MLX_LM, str(k), temp) for k in settings.ks]
         configs += [BenchConfig(MACSPEC, str(k), temp) for k in settings.ks]
+        # Trees beside the chains (one machine: ranks would have to agree on auto's sizes too).
+        sizes = [size for size in settings.trees if size != "auto" and settings.ranks == 1]
+        configs += [BenchConfig(MACSPEC, str(k), temp, tree=t) for k in settings.ks for t in sizes]
         if settings.auto:
             configs.append(BenchConfig(MACSPEC, "auto", temp))
+            if "auto" in settings.trees and settings.ranks == 1:
+                configs.append(BenchConfig(MACSPEC, "auto", temp, tree="auto"))
         if settings.auto_warm:
             configs.append(BenchConfig(MACSPEC, "auto-warm", temp))
         for source in settings.more_sources:  # every other drafter, side by side

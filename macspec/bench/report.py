@@ -105,6 +105,7 @@ def _config(config: BenchConfig) -> dict[str, Any]:
         "tool": config.tool,
         "draft": config.draft,
         "k": config.k,
+        "tree": config.tree,
         "temperature": config.temperature,
     }
 

@@ -37,6 +37,7 @@ from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.policy import DraftPolicy, make_policy
 from macspec.engine.sampling import SamplingParams
+from macspec.engine.treepolicy import make_tree_policy
 from macspec.errors import MacspecError
 from macspec.models.build import make_drafter
 from macspec.models.loader import LoadedModels
@@ -113,6 +114,7 @@ class Runner:
                 policy = self._warm_policies.setdefault(config, make_policy("auto"))
             else:
                 policy = make_policy(config.draft)
+            policy = make_tree_policy(config.tree, policy)
         engine = Engine(
             loaded.target,
             loaded.tokenizer,

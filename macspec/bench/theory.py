@@ -94,7 +94,9 @@ def theory_rows(
     rows = []
     for s in summaries:
         k = s.config.k
-        if k is None or s.judged_acceptance is None or k >= len(curve.relative):
+        if k is None or s.config.tree is not None:  # the chain's formula: chains only
+            continue
+        if s.judged_acceptance is None or k >= len(curve.relative):
             continue
         c = curve.guess_cost(s.config, draft_source)
         if c is None:
@@ -133,7 +135,8 @@ def best_k(
 ) -> list[BestK]:
     by_temp: dict[float, list[ConfigSummary]] = defaultdict(list)
     for s in summaries:
-        if s.config.tool == MACSPEC and s.config.k is not None and s.config.source is None:
+        chain = s.config.k is not None and s.config.tree is None
+        if s.config.tool == MACSPEC and chain and s.config.source is None:
             by_temp[s.config.temperature].append(s)
     results = []
     for temp, group in by_temp.items():

@@ -36,10 +36,14 @@ def open_models(
     cache_options: CacheOptions | None = None,
     group=None,
     watchdog=None,
+    draft_tree: str | None = None,
 ) -> ChatModels:
     """Load resolved models into an engine (slow: run it off the UI thread); with an
     mlx.distributed `group`, the target sharded over its ranks (see `build_engine`)."""
-    opened = open_pair(resolved, num_draft_tokens, no_draft, draft, cache_options, group, watchdog)
+    opened = open_pair(
+        resolved, num_draft_tokens, no_draft, draft, cache_options, group, watchdog,
+        draft_tree=draft_tree,
+    )  # fmt: skip
     engine = opened.engine
     models = ModelInfo(
         target=resolved.target_name,

@@ -35,6 +35,14 @@ def check_writable(path: Path, flag: str) -> None:
         fail(f"{flag} {path}: cannot write in {folder}")
 
 
+def parse_trees(text: str | None) -> tuple[str, ...]:
+    """`--draft-tree 8,16` or 'auto' (or both): the tree sizes to run beside the chains."""
+    from macspec.engine.policy import tree_size
+
+    sizes = (tree_size(part) for part in (text or "").split(",") if part.strip())
+    return tuple(dict.fromkeys(str(size) for size in sizes if size is not None))
+
+
 def parse_ks(text: str) -> tuple[int, ...]:
     try:
         ks = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
@@ -99,6 +107,15 @@ def bench(
     ] = None,
     k_alias: Annotated[
         str | None, typer.Option("--k", hidden=True, help="The old name of -k.")
+    ] = None,
+    draft_tree: Annotated[
+        str | None,
+        typer.Option(
+            "--draft-tree",
+            metavar="N[,N...]|auto",
+            help="Also run macspec with draft trees beside its chains: at most N nodes per "
+            "target pass at each k, or 'auto' beside the adaptive chains.",
+        ),
     ] = None,
     prompts: Annotated[
         Path | None,
@@ -206,6 +223,7 @@ def bench(
         draft_source=sources[0],
         cache_options=opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size),
         more_sources=tuple(sources[1:]),
+        trees=parse_trees(draft_tree),
     )
     chosen = (
         prompt_sets.load_prompts(prompts)

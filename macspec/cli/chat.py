@@ -40,6 +40,7 @@ def chat(
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
     draft: opt.DraftSource = None,
+    draft_tree: opt.DraftTree = None,
     stop: opt.Stop = None,
     think: opt.Think = None,
     system: opt.System = None,
@@ -75,7 +76,7 @@ def chat(
 
     if resume is not None and continue_last:
         fail("--resume and --continue both given; pass one of them")
-    check_draft_flags(num_draft_tokens, no_draft, draft)  # -k 0, contradictions
+    check_draft_flags(num_draft_tokens, no_draft, draft, draft_tree)  # -k 0, contradictions
     args = template_args(think, chat_template_args)  # a bad JSON
     config = opt.generation_config(
         max_tokens, temp, top_p, top_k, min_p, stop, seed, sampler, prefill_step_size
@@ -97,7 +98,7 @@ def chat(
     print(f"macspec: loading {what}…", file=sys.stderr, flush=True)
     from macspec.chat.session import open_models
 
-    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches)
+    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches, draft_tree=draft_tree)
 
     from macspec.models.templates import unused_template_options
     from tui.factory import default_pair_loader, make_app  # textual only when the UI runs
@@ -110,7 +111,7 @@ def chat(
         config=config,
         context_length=loaded.context_length,
         conversation_id=conversation_id,
-        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft, caches),
+        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft, caches, draft_tree),
         warnings=[
             *loaded.warnings,
             *notes,

@@ -45,6 +45,16 @@ NumDraftTokens = Annotated[
         help="Tokens to guess per cycle: a number, or 'auto' (adaptive; the default).",
     ),
 ]
+DraftTree = Annotated[
+    str | None,
+    typer.Option(
+        "--draft-tree",
+        metavar="N|auto|off",
+        help="Verify a tree of guesses per target pass, several candidates per position: N is "
+        "the most nodes per pass, 'auto' prices tree sizes on this device from measured pass "
+        "costs and acceptance by candidate rank, 'off' verifies chains [default: off].",
+    ),
+]
 NoDraft = Annotated[
     bool, typer.Option("--no-draft", help="Plain decoding with the target alone (for comparison).")
 ]

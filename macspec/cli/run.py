@@ -65,6 +65,7 @@ def run(
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
     draft: opt.DraftSource = None,
+    draft_tree: opt.DraftTree = None,
     stop: opt.Stop = None,
     raw: Annotated[
         bool, typer.Option("--raw", help="Feed the prompt as is, no chat template.")
@@ -110,7 +111,7 @@ def run(
             "needs; pass one or the other"
         )
     args = template_args(think, chat_template_args)
-    check_draft_flags(num_draft_tokens, no_draft, draft)  # before any model loads
+    check_draft_flags(num_draft_tokens, no_draft, draft, draft_tree)  # before any model loads
     config = opt.generation_config(
         max_tokens, temp, top_p, top_k, min_p, stop, seed, sampler, prefill_step_size
     )
@@ -122,7 +123,7 @@ def run(
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
         return answer(
-            text, config, resolved, (num_draft_tokens, no_draft, draft, caches), where,
+            text, config, resolved, (num_draft_tokens, no_draft, draft, caches, draft_tree), where,
             raw, system, think, args, as_json,
         )  # fmt: skip
 
@@ -141,7 +142,8 @@ def answer(
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
     from macspec.models.templates import encode_prompt, unused_template_options
 
-    engine, loaded = build_engine(resolved, *engine_args, **where)
+    *drafting, draft_tree = engine_args
+    engine, loaded = build_engine(resolved, *drafting, **where, draft_tree=draft_tree)
     unused = [] if raw else unused_template_options(loaded.tokenizer, system, think)
     for warning in [*loaded.warnings, *unused]:
         print(f"macspec: warning: {warning}", file=sys.stderr)

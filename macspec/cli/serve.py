@@ -72,6 +72,7 @@ def serve(
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
     draft: opt.DraftSource = None,
+    draft_tree: opt.DraftTree = None,
     think: opt.Think = None,
     chat_template_args: opt.ChatTemplateArgs = None,
 ) -> None:
@@ -89,17 +90,26 @@ def serve(
     """
     # MLX, mlx-lm, FastAPI and uvicorn load here, not at import: `macspec --help` stays instant.
     from macspec.cli.ranks import ranks
+    from macspec.engine.policy import tree_size
     from macspec.engine.sampling import SamplingParams
-    from macspec.models.flags import needs_draft_model
+    from macspec.models.flags import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
     from macspec.serve.backend import Defaults
     from macspec.serve.server import check_host
 
     check_host(host, api_key, insecure)
+    check_draft_flags(num_draft_tokens, no_draft, draft, draft_tree)  # before any model loads
     if draft is None and not no_draft and num_draft_tokens is None:
         # Agents resend the conversation (tool results, files read back): lookup over it beside
         # the pair's drafters, whichever measures fastest on this machine, cycle by cycle.
         draft = "auto"
+    if tree_size(draft_tree) is not None:  # trees verify one request at a time
+        if max_batch is not None and max_batch > 1:
+            fail(
+                f"--draft-tree {draft_tree} verifies one request at a time: pass --max-batch 1, "
+                "or leave out --draft-tree to batch requests with chains"
+            )
+        max_batch = 1
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if max_queue < 0 or prompt_cache < 0:
@@ -124,7 +134,7 @@ def serve(
             )
         max_batch = (1 if where else 8) if max_batch is None else max_batch
         served = serve_models(
-            resolved, (num_draft_tokens, no_draft, draft), where, defaults,
+            resolved, (num_draft_tokens, no_draft, draft, draft_tree), where, defaults,
             (host, port, api_key, max_queue, prompt_cache, any_model, max_batch),
         )  # fmt: skip
     if served is not None:
@@ -143,13 +153,12 @@ def serve_models(
     from macspec.serve.server import bind, run_server
 
     host, port, api_key, max_queue, prompt_cache, any_model, max_batch = listen
-    num_draft_tokens, no_draft, draft = draft_args
     serving = not where or where["group"].rank() == 0
     # The port first: a taken one is said at once, not after minutes of loading a big model.
     sock = bind(host, port) if serving else None
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
     try:
-        loaded = open_batched(resolved, (num_draft_tokens, no_draft, draft), where, max_batch)
+        loaded = open_batched(resolved, draft_args, where, max_batch)
     except BaseException:
         if sock is not None:
             sock.close()
@@ -171,6 +180,7 @@ def serve_models(
         print(f"macspec: warning: {warning}", file=sys.stderr)
     model_id = resolved.pair.name if resolved.pair is not None else resolved.target_name
     aliases = tuple({resolved.target_name, str(resolved.target)} - {model_id})
+    num_draft_tokens = draft_args[0]
     k = num_draft_tokens or (resolved.pair.draft_policy if resolved.pair is not None else "auto")
     backend = Backend(
         engine,
@@ -210,7 +220,7 @@ def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
     caches allow it (else one request at a time, said in one line)."""
     from macspec.models.pairs import open_pair
 
-    num_draft_tokens, no_draft, draft = draft_args
+    num_draft_tokens, no_draft, draft, draft_tree = draft_args
     if max_batch > 1:
         try:
             return open_pair(resolved, num_draft_tokens, no_draft, draft, batch=True)
@@ -220,4 +230,4 @@ def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
                 "time (--max-batch 1)",
                 file=sys.stderr,
             )
-    return open_pair(resolved, num_draft_tokens, no_draft, draft, **where)
+    return open_pair(resolved, num_draft_tokens, no_draft, draft, **where, draft_tree=draft_tree)

@@ -103,6 +103,7 @@ class AnswerState:
         reason = getattr(engine.policy, "reason", None)  # --draft auto: which drafter, and why
         if reason is not None:
             stats.drafter_choice = reason
+        stats.tree_note = getattr(engine.policy, "tree_note", None)  # --draft-tree: why chains
         if engine.drafter is not None and not stats.draft_proposed and stats.target_passes:
             stats.plain_reason = (
                 "plain: guessing does not pay here"

@@ -21,8 +21,8 @@ the buffer (once) before writing into it while a checkpoint still holds it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +169,24 @@ class CachedModel:
         self._taps = Taps(self.model, spec)
         self._hidden_sink = sink
 
+    @contextmanager
+    def holding_hidden(self) -> Iterator[list[tuple[int, Hidden]]]:
+        """Passes inside the block keep their hidden states in the list it yields instead of
+        handing them to the drafter (a tree pass hands over the kept path's rows only, with
+        `hand_hidden`, once the verdict is known)."""
+        sink, held = self._hidden_sink, []
+        if sink is not None:
+            self._hidden_sink = lambda start, hidden: held.append((start, hidden))
+        try:
+            yield held
+        finally:
+            self._hidden_sink = sink
+
+    def hand_hidden(self, start: int, hidden: Hidden) -> None:
+        """Hand the drafter hidden states for positions start, start + 1, ..."""
+        if self._hidden_sink is not None:
+            self._hidden_sink(start, hidden)
+
     @property
     def tokens(self) -> list[int]:
         if self._lazy:
@@ -230,6 +248,15 @@ class CachedModel:
             self.forward(ids[start : start + step])
             mx.eval([c.state for c in self.cache])
             mx.clear_cache()
+
+    def replace_tail(self, start: int, ids: Sequence[int]) -> None:
+        """The ids from `start` on are now `ids`: a tree pass kept one path of its nodes, its
+        cache already compacted to them (bookkeeping only). The pass's record, made for ids in
+        a row, no longer describes the cache."""
+        tokens = self.tokens
+        del tokens[start:]
+        tokens.extend(ids)
+        self._pass = None
 
     # -- rollback ------------------------------------------------------------------------------
     def checkpoint(self, slot: str = "cycle") -> None:

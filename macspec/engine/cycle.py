@@ -10,6 +10,25 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class TreeOutcome:
+    """What a tree cycle adds to its record: the tree, and the ranks the policy learns from."""
+
+    nodes: int
+    """Nodes verified (the cycle's `proposed`)."""
+    depth: int
+    """The deepest node's depth."""
+    path_ranks: tuple[int, ...]
+    """Rank among its siblings (0 first) of each kept node, from depth 1 down."""
+    stop_rank: int | None
+    """Where the walk stopped: the rank of the target's token in the drafter's order there
+    (greedy and coupled runs), None when not known."""
+    stop_children: int
+    """Candidates the node where the walk stopped had (all rejected)."""
+    grown: str = "shape"
+    """How the tree was grown: 'shape' (fixed from measured acceptance) or 'ddtree'."""
+
+
+@dataclass(frozen=True)
 class Cycle:
     """One guess-and-verify cycle (a plain decoding step is a cycle with nothing proposed)."""
 
@@ -41,3 +60,5 @@ class Cycle:
     sliding-window caches roll back that way); 0 for attention-only models."""
     rows: int = 1
     """Requests whose ids shared this cycle's target pass (batched decoding), this one too."""
+    tree: TreeOutcome | None = None
+    """A tree cycle's tree (`proposed` counts its nodes); None for a chain or a plain step."""

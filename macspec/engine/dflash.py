@@ -217,6 +217,23 @@ class DFlashDrafter:
         self._trim(keep)
         self.hidden.forget_before(self.cache[0].offset)
 
+    def block_logits(self, context: Sequence[int], k: int) -> tuple[mx.array, int] | None:
+        """One block pass after `context`: (logits (k', V) of the next k' <= k positions, context
+        rows fed), or None when there is no context to draft from."""
+        n = len(context)
+        self.tokens = list(context)
+        lo = self.cache[0].offset
+        k = min(k, self.max_guesses)
+        if lo > n - 1 or (lo == 0 and n == 1) or not self.hidden.has(lo, n - 1) or k < 1:
+            return None
+        block = [context[-1]] + [self.config.mask_token_id] * self.max_guesses
+        scale = self.embed_scale * self.config.input_embedding_scale
+        x = self.embed(mx.array(block, mx.uint32))[None] * scale
+        rows = self.hidden.get(lo, n - 1)[None] if lo < n - 1 else mx.zeros((1, 0, self.width))
+        out = self.model(x, rows, self.cache)[0, 1 : 1 + k]
+        logits = (self.lm_head(out) * self.config.output_multiplier)[:, : self.vocab_size]
+        return logits, n - 1 - lo
+
     def propose(
         self,
         context: Sequence[int],
@@ -225,18 +242,11 @@ class DFlashDrafter:
         draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
-        n = len(context)
-        self.tokens = list(context)
-        lo = self.cache[0].offset
-        k = min(k, self.max_guesses)
-        if lo > n - 1 or (lo == 0 and n == 1) or not self.hidden.has(lo, n - 1) or k < 1:
+        block = self.block_logits(context, k)
+        if block is None:
             return Draft(tokens=[], source=self.name)  # no context to draft from
-        block = [context[-1]] + [self.config.mask_token_id] * self.max_guesses
-        scale = self.embed_scale * self.config.input_embedding_scale
-        x = self.embed(mx.array(block, mx.uint32))[None] * scale
-        rows = self.hidden.get(lo, n - 1)[None] if lo < n - 1 else mx.zeros((1, 0, self.width))
-        out = self.model(x, rows, self.cache)[0, 1 : 1 + k]
-        logits = (self.lm_head(out) * self.config.output_multiplier)[:, : self.vocab_size]
+        logits, fed = block
+        k = logits.shape[0]
         guesses = []
         for i in range(k):
             row = logits[i : i + 1]
@@ -246,4 +256,4 @@ class DFlashDrafter:
                 q = probabilities(row, params)
                 guesses.append((draws(q, i), q))
         # One pass drafts the whole block.
-        return device_draft(guesses, params, confidence_floor, 1, n - 1 - lo, self.name)
+        return device_draft(guesses, params, confidence_floor, 1, fed, self.name)

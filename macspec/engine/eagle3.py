@@ -185,7 +185,7 @@ class Eagle3Drafter(PairCache):
         draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
-        caught_up = self._catch_up(context)  # pairs (t_{i+1}, g_i) not in the cache yet
+        caught_up = self.catch_up(context)  # pairs (t_{i+1}, g_i) not in the cache yet
         if caught_up is None:
             return Draft(tokens=[], source=self.name)  # nothing to draft from
         out, fed = caught_up

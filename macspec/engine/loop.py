@@ -23,6 +23,8 @@ from macspec.engine.events import Cycle, Event, Prefill, Source
 from macspec.engine.policy import AutoPolicy, DraftPolicy
 from macspec.engine.sampling import Randomness, SamplingParams, probabilities
 from macspec.engine.stats import Stats
+from macspec.engine.tree import TreeDraft
+from macspec.engine.treecycle import propose_tree, verify_tree
 from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
 
 CLEAR_CACHE_EVERY = 256
@@ -55,7 +57,7 @@ class _Ahead:
 
     k: int
     requested: int
-    draft: Draft
+    draft: Draft | TreeDraft
     drafting_s: float
 
 
@@ -84,6 +86,9 @@ class Engine:
         self.policy = policy if policy is not None or drafter is None else AutoPolicy()
         self.vocab_size = vocab_size
         """Ids both models score (the draft's embedding table may be padded differently)."""
+        bind = getattr(self.policy, "bind", None)
+        if bind is not None:  # a tree policy checks once that the target can verify trees
+            bind(self)
 
     def cached_models(self) -> list[CachedModel]:
         """Every model cache the engine keeps: the target's, and the draft model's if any
@@ -272,9 +277,13 @@ class Engine:
 
     def _propose(
         self, context: list[int], k: int, params: SamplingParams, rng: Randomness | None
-    ) -> Draft:
+    ) -> Draft | TreeDraft:
         """The drafter's guesses, queued on the device: its last step then runs while the host
-        builds the verify pass (rather than after, when the verdict is read)."""
+        builds the verify pass (rather than after, when the verdict is read). A tree when the
+        policy plans one (`--draft-tree`)."""
+        tree = propose_tree(self, context, k, params, rng)
+        if tree is not None:
+            return tree
         draws = rng.draws(k, len(context)) if rng is not None else None
         draft = self.drafter.propose(context, k, params, draws, self.policy.confidence_floor)
         if isinstance(draft.tokens, mx.array):
@@ -289,7 +298,7 @@ class Engine:
         params: SamplingParams,
         rng: Randomness | None,
         begun: float,
-        draft: Draft | None = None,
+        draft: Draft | TreeDraft | None = None,
     ) -> tuple[Cycle, list[int]]:
         """One cycle: draft (unless drafted ahead), verify in one target pass, accept, roll
         back. The guesses stay on the device into the verify pass, and the verdict is read with
@@ -300,6 +309,8 @@ class Engine:
         self._cycles_run += 1
         if draft is None:
             draft = self._propose(context, k, params, rng)
+        if isinstance(draft, TreeDraft):
+            return verify_tree(self, context, draft, requested, params, rng, begun, timed)
         guesses = draft.tokens
         if not isinstance(guesses, mx.array):
             guesses = mx.array(list(guesses), mx.uint32)

@@ -119,10 +119,10 @@ class PairCache:
         """The target's hidden-state rows as the head reads them (an MTP head: as they are)."""
         return rows
 
-    def _catch_up(self, context: Sequence[int]) -> tuple[mx.array, int] | None:
+    def catch_up(self, context: Sequence[int]) -> tuple[mx.array, int] | None:
         """Feed the head the pairs (t_{i+1}, h_i) of every committed position not in its cache
-        yet (`self.head`, `self.embed`: the subclass's): (its last output, ids fed), or None
-        when there is nothing to draft from."""
+        yet (`self.head`, `self.embed`: the subclass's): (its output that predicts the next id,
+        ids fed), or None when there is nothing to draft from (a tree grows from it too)."""
         n = len(context)
         self.tokens = list(context)
         lo = self.exact
@@ -162,7 +162,7 @@ class MTPDrafter(PairCache):
         draws: Draws | None,
         confidence_floor: float | None,
     ) -> Draft:
-        caught_up = self._catch_up(context)
+        caught_up = self.catch_up(context)
         if caught_up is None:
             return Draft(tokens=[], source=self.name)  # nothing to draft from
         out, fed = caught_up

@@ -219,6 +219,26 @@ class AutoPolicy:
             self._draft_step.add(cycle.draft_s / (cycle.draft_steps - 1 + relative))
 
 
+TREE_SIZES = (2, 256)
+"""`--draft-tree N`: the fewest and most nodes of a tree."""
+
+
+def tree_size(spec: str | int | None) -> int | str | None:
+    """`--draft-tree`: a number of nodes, 'auto', or None for 'off' (and for no flag)."""
+    if spec is None:
+        return None
+    text = str(spec).strip().lower()
+    if text in ("off", "auto"):
+        return None if text == "off" else "auto"
+    low, high = TREE_SIZES
+    if not (text.isdigit() and low <= int(text) <= high):
+        raise MacspecError(
+            f"--draft-tree must be a number of nodes from {low} to {high}, 'auto' or 'off', "
+            f"got {spec!r}"
+        )
+    return int(text)
+
+
 def make_policy(spec: str | int, max_k: int = 8) -> DraftPolicy:
     """'auto' or a positive integer, as given to --num-draft-tokens."""
     if isinstance(spec, str) and spec.strip().lower() == "auto":

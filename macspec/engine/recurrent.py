@@ -26,6 +26,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from macspec.engine import treerecurrent
+
 MODULES = ("mlx_lm.models.qwen3_5", "mlx_lm.models.qwen3_next")
 """mlx-lm modules whose linear-attention layers keep [conv state, delta-rule state] in an
 ArraysCache, fill it from `conv1d(concat(conv_state, x))` and `gated_delta_update`."""
@@ -45,6 +47,8 @@ class PassRecord:
 
 class _RecordingConv1d(nn.Conv1d):
     def __call__(self, x: mx.array) -> mx.array:
+        if treerecurrent.active() is not None:  # a tree pass: each row along its own path
+            return treerecurrent.tree_conv(self, x, super().__call__)
         record = getattr(_active, "record", None)
         if record is not None:
             record.convs.append(x)
@@ -53,6 +57,8 @@ class _RecordingConv1d(nn.Conv1d):
 
 def _recording(update):
     def gated_delta_update(*args, **kwargs):
+        if treerecurrent.active() is not None:  # a tree pass: each row from its parent's state
+            return treerecurrent.tree_delta(update, args, kwargs)
         record = getattr(_active, "record", None)
         if record is not None:
             record.deltas.append((args, kwargs))
@@ -116,7 +122,7 @@ def states_after(
     if kept == 0:
         return conv, state
     rest = {key: value for key, value in kwargs.items() if key not in ("state", "mask")}
-    update = _original_update()
+    update = original_update()
     _, state = update(
         q[:, :kept], k[:, :kept], v[:, :kept], a[:, :kept], b[:, :kept], a_log, dt_bias, state,
         None, **rest,
@@ -135,7 +141,8 @@ def usable(record: PassRecord, layers: int, fed: int) -> bool:
     return True
 
 
-def _original_update():
+def original_update():
+    """mlx-lm's own `gated_delta_update` (not the recording wrapper)."""
     module = importlib.import_module(MODULES[0])
     update = module.gated_delta_update
     return getattr(update, "original", update)

@@ -40,6 +40,12 @@ class Stats:
     """With --draft auto: the drafter picked last, and the measured rates it was picked by."""
     plain_reason: str | None = None
     """Why a run with a drafter guessed nothing at all, in words; None otherwise."""
+    tree_cycles: int = 0
+    """Cycles that verified a draft tree (`--draft-tree`); their nodes count as proposed."""
+    tree_nodes: int = 0
+    """Tree nodes those cycles verified."""
+    tree_note: str | None = None
+    """Why a run asked for trees verified chains (a target or drafter that cannot), in words."""
     accepted_histogram: list[int] = field(default_factory=list)
     """accepted_histogram[n]: cycles that proposed something and kept exactly n guesses."""
     ttft_s: float = 0.0
@@ -68,6 +74,9 @@ class Stats:
             counts = self.by_source.setdefault(cycle.draft_source or "model", [0, 0])
             counts[0] += cycle.proposed
             counts[1] += cycle.accepted
+            if cycle.tree is not None:
+                self.tree_cycles += 1
+                self.tree_nodes += cycle.tree.nodes
             missing = cycle.accepted + 1 - len(self.accepted_histogram)
             self.accepted_histogram.extend([0] * max(0, missing))
             self.accepted_histogram[cycle.accepted] += 1
@@ -111,6 +120,12 @@ class Stats:
             "target_fed_tokens": self.target_fed_tokens,
             "refed_tokens": self.refed_tokens,
             "rows_per_pass": self.rows_per_pass,
+            "tree_cycles": self.tree_cycles,
+            "tree_nodes": self.tree_nodes,
+            "tree_nodes_per_cycle": (
+                self.tree_nodes / self.tree_cycles if self.tree_cycles else None
+            ),
+            "tree_note": self.tree_note,
             "drafter_choice": self.drafter_choice,
             "plain_reason": self.plain_reason,
             "sampler": self.sampler,
@@ -166,6 +181,11 @@ def summary_line(stats: Stats, finish_reason: str) -> str:
         parts.append(stats.plain_reason)
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
+    if stats.tree_cycles:
+        parts.append(f"trees of {stats.tree_nodes / stats.tree_cycles:.1f} nodes in "
+                     f"{stats.tree_cycles} of {stats.target_passes} passes")  # fmt: skip
+    elif stats.tree_note:
+        parts.append(stats.tree_note)
     if stats.drafter_choice:
         parts.append(f"--draft auto: {stats.drafter_choice}")
     parts.append(f"ttft {stats.ttft_s:.2f}s")

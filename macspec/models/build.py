@@ -13,7 +13,8 @@ from macspec.engine.eagle3 import Eagle3Drafter
 from macspec.engine.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.loop import Engine
 from macspec.engine.mtp import MTPDrafter
-from macspec.engine.policy import make_policy
+from macspec.engine.policy import make_policy, tree_size
+from macspec.engine.treepolicy import make_tree_policy
 from macspec.errors import MacspecError
 from macspec.models.catalog import ResolvedModels
 from macspec.models.drafters import (
@@ -93,6 +94,7 @@ def build_engine(
     cache_options: CacheOptions = DEFAULT_CACHE,
     group=None,
     watchdog=None,
+    draft_tree: str | None = None,
 ) -> tuple[Engine, LoadedModels]:
     """Load the models and build the engine.
 
@@ -104,9 +106,13 @@ def build_engine(
 
     With an mlx.distributed `group` (several ranks under mlx.launch) the target is sharded over
     them, the draft replicated, and the engine a `DistributedEngine` whose ranks agree on every
-    decision (`watchdog`: kicked by every pass and exchange).
+    decision (`watchdog`: kicked by every pass and exchange). `draft_tree`: `--draft-tree`.
     """
-    loaded, source, spec = load_for_drafting(resolved, num_draft_tokens, no_draft, draft, group)
+    if group is not None and tree_size(draft_tree) is not None:
+        raise MacspecError("--draft-tree is not supported on a target split across machines yet")
+    loaded, source, spec = load_for_drafting(
+        resolved, num_draft_tokens, no_draft, draft, group, draft_tree
+    )
     policy = make_policy(spec)
     if no_draft:
         engine = Engine(loaded.target, loaded.tokenizer, cache_options=cache_options)
@@ -114,6 +120,7 @@ def build_engine(
         drafter = make_drafter(source, loaded, cache_options)
         if isinstance(drafter, DrafterChoice):
             policy = drafter  # it chooses the draft length per candidate, too
+        policy = make_tree_policy(draft_tree, policy)
         engine = Engine(
             loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
         )
@@ -168,9 +175,10 @@ def load_for_drafting(
     no_draft: bool,
     draft: str | None,
     group=None,
+    draft_tree: str | None = None,
 ) -> tuple[LoadedModels, str, str]:
     """The flags checked, the models loaded: (models, the drafter's kind, the draft length)."""
-    check_draft_flags(num_draft_tokens, no_draft, draft)
+    check_draft_flags(num_draft_tokens, no_draft, draft, draft_tree)
     check_distributed_source(draft, group)
     spec = num_draft_tokens
     if spec is None:

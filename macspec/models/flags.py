@@ -3,7 +3,7 @@ CLI validates them before MLX or a model loads, so a bad flag is one line at onc
 
 from __future__ import annotations
 
-from macspec.engine.policy import make_policy
+from macspec.engine.policy import make_policy, tree_size
 from macspec.errors import MacspecError
 from macspec.models.catalog import MAX_DRAFT_TOKENS
 
@@ -30,12 +30,16 @@ def check_draft_tokens(spec: str | int) -> None:
         )
 
 
-def check_draft_flags(num_draft_tokens: str | None, no_draft: bool, draft: str | None) -> None:
-    """Every check of -k, --no-draft and --draft that needs no model: run before any loading,
-    so a bad flag is one line at once, not after a model has loaded."""
+def check_draft_flags(
+    num_draft_tokens: str | None, no_draft: bool, draft: str | None, draft_tree: str | None = None
+) -> None:
+    """Every check of -k, --no-draft, --draft and --draft-tree that needs no model: run before
+    any loading, so a bad flag is one line at once, not after a model has loaded."""
     check_draft_source(draft)
     if no_draft and draft is not None:
         raise MacspecError(f"--no-draft and --draft {draft} contradict each other; pass one")
+    if tree_size(draft_tree) is not None and no_draft:
+        raise MacspecError(f"--no-draft and --draft-tree {draft_tree} contradict each other")
     if num_draft_tokens is not None:
         check_draft_tokens(num_draft_tokens)
         make_policy(num_draft_tokens)  # 0, -1 and typos are one line here

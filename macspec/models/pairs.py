@@ -37,6 +37,7 @@ def open_pair(
     group=None,
     watchdog=None,
     batch: bool = False,
+    draft_tree: str | None = None,
 ) -> OpenPair:
     """Load resolved models into an engine (slow: run it off a UI thread). With an
     mlx.distributed `group`, the target sharded over its ranks (see `build_engine`); with
@@ -49,7 +50,7 @@ def open_pair(
         drafting = engine.new_drafter is not None
     else:
         engine, loaded = build.build_engine(
-            resolved, num_draft_tokens, no_draft, draft, options, group, watchdog
+            resolved, num_draft_tokens, no_draft, draft, options, group, watchdog, draft_tree
         )
         drafting = engine.drafter is not None
     context = context_length(resolved)
