@@ -123,6 +123,18 @@ class Checkpoint:
 
 
 @dataclass(frozen=True)
+class Boundaries:
+    """Where prefill chunks end, and who is told when one is reached (a prompt cache, which
+    stores the cache there): a cold prefill and one that resumes at a boundary then run the
+    same chunks, so they compute the same arrays."""
+
+    block: int
+    """Chunks end at every multiple of this many ids."""
+    reached: Callable[[CachedModel, int], None]
+    """Called with the model after each chunk that ends at a multiple of `block`."""
+
+
+@dataclass(frozen=True)
 class SavedCache:
     """A CachedModel's whole state at one moment, for `CachedModel.load` to return to later
     (a server keeping several conversations' caches). Holds new handles, not copies: MLX copies
@@ -163,6 +175,9 @@ class CachedModel:
         """(ids before, ids fed, record) of the last pass, when it was recorded."""
         self._taps: Taps | None = None
         self._hidden_sink: Callable[[int, Hidden], None] | None = None
+        self._hidden_listeners: list[Callable[[int, Hidden], None]] = []
+        self.boundaries: Boundaries | None = None
+        """Set by a prompt cache: prefill chunks end at its block boundaries."""
 
     def tap(self, spec: HiddenSpec, sink: Callable[[int, Hidden], None]) -> None:
         """Hand every pass's hidden states (as `spec` asks) to `sink(first position, hidden)`."""
@@ -184,6 +199,21 @@ class CachedModel:
 
     def hand_hidden(self, start: int, hidden: Hidden) -> None:
         """Hand the drafter hidden states for positions start, start + 1, ..."""
+        if self._hidden_sink is not None:
+            self._hidden_sink(start, hidden)
+
+    @property
+    def hidden_spec(self) -> HiddenSpec | None:
+        """What each pass hands to the drafter reading it; None when nothing is tapped."""
+        return self._taps.spec if self._taps is not None else None
+
+    def listen_hidden(self, sink: Callable[[int, Hidden], None]) -> None:
+        """Hand every pass's hidden states to `sink` too (a prompt cache stores them)."""
+        self._hidden_listeners.append(sink)
+
+    def give_hidden(self, start: int, hidden: Hidden) -> None:
+        """Hand the drafter hidden states a pass did not compute (a prompt cache restored
+        them), as a pass over positions start, start + 1, ... would."""
         if self._hidden_sink is not None:
             self._hidden_sink(start, hidden)
 
@@ -239,15 +269,25 @@ class CachedModel:
             self._pass = (before, len(self) - before, record)
         if hidden is not None and self._hidden_sink is not None:
             self._hidden_sink(before, hidden)
+            for listener in self._hidden_listeners:
+                listener(before, hidden)
         return logits
 
     def prefill(self, ids: Sequence[int], step: int = PREFILL_CHUNK) -> None:
         """Feed ids in chunks of `step`, evaluating as it goes so memory stays bounded on long
-        prompts; MLX's buffer cache is emptied after each chunk, as mlx-lm does."""
-        for start in range(0, len(ids), step):
-            self.forward(ids[start : start + step])
+        prompts; MLX's buffer cache is emptied after each chunk, as mlx-lm does. With
+        `boundaries`, a chunk is a block (it ends at the next block boundary, then reported)."""
+        done, blocks = 0, self.boundaries
+        while done < len(ids):
+            if blocks is not None:
+                step = blocks.block - len(self) % blocks.block
+            size = min(step, len(ids) - done)
+            self.forward(ids[done : done + size])
             mx.eval([c.state for c in self.cache])
             mx.clear_cache()
+            done += size
+            if blocks is not None and len(self) % blocks.block == 0:
+                blocks.reached(self, len(self))
 
     def replace_tail(self, start: int, ids: Sequence[int]) -> None:
         """The ids from `start` on are now `ids`: a tree pass kept one path of its nodes, its

@@ -92,10 +92,16 @@ class Engine:
 
     def cached_models(self) -> list[CachedModel]:
         """Every model cache the engine keeps: the target's, and the draft model's if any
-        (a hybrid drafter holds its model drafter as `model`)."""
-        inner = getattr(self.drafter, "model", None)
-        states = [getattr(d, "state", None) for d in (self.drafter, inner)]
-        return [self.target, *(s for s in states if isinstance(s, CachedModel))]
+        (a hybrid drafter holds its model drafter as `model`; `--draft auto` its candidates as
+        `drafters`)."""
+        drafters = [self.drafter, *getattr(self.drafter, "drafters", {}).values()]
+        drafters += [getattr(d, "model", None) for d in drafters]
+        states = [getattr(d, "state", None) for d in drafters]
+        found = [self.target]
+        for state in states:
+            if isinstance(state, CachedModel) and all(state is not f for f in found):
+                found.append(state)
+        return found
 
     # -- the raw loop --------------------------------------------------------------------
     def cycles(
