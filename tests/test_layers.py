@@ -17,12 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 ALLOWED: dict[str, set[str]] = {
     "engine": {"engine"},
     "models": {"engine", "models"},
-    "chat": {"engine", "models", "chat"},
-    "bench": {"engine", "models", "bench"},
-    "serve": {"engine", "models", "chat", "serve"},
-    "tune": {"engine", "models", "chat", "tune"},
-    "tui": {"engine", "models", "chat", "tui"},
-    "cli": {"engine", "models", "chat", "bench", "serve", "tune", "cli", "tui"},
+    "prefix": {"engine", "models", "prefix"},
+    "chat": {"engine", "models", "prefix", "chat"},
+    "bench": {"engine", "models", "prefix", "bench"},
+    "serve": {"engine", "models", "prefix", "chat", "serve"},
+    "tune": {"engine", "models", "prefix", "chat", "tune"},
+    "tui": {"engine", "models", "prefix", "chat", "tui"},
+    "cli": {"engine", "models", "prefix", "chat", "bench", "serve", "tune", "cli", "tui"},
 }
 """The layers each layer may import from (itself included)."""
 UI_LIBRARIES = {"textual"}

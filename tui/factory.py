@@ -10,6 +10,7 @@ from macspec.engine.cached import CacheOptions
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.models.catalog import Pair, resolve_models
 from macspec.models.flags import needs_draft_model
+from macspec.prefix.settings import DiskCacheSettings
 from tui.app import ChatApp
 
 
@@ -19,15 +20,22 @@ def default_pair_loader(
     draft: str | None = None,
     cache_options: CacheOptions | None = None,
     draft_tree: str | None = None,
+    disk_cache: DiskCacheSettings | None = None,
 ) -> Callable[[Pair], ChatModels]:
-    """Loads a catalog pair from disk with the command line's draft settings."""
+    """Loads a catalog pair from disk with the command line's draft and cache settings."""
 
     def load(pair: Pair) -> ChatModels:
         resolved = resolve_models(
             pair.name, None, None, need_draft=needs_draft_model(draft, no_draft)
         )
         return open_models(
-            resolved, num_draft_tokens, no_draft, draft, cache_options, draft_tree=draft_tree
+            resolved,
+            num_draft_tokens,
+            no_draft,
+            draft,
+            cache_options,
+            draft_tree=draft_tree,
+            disk_cache=disk_cache,
         )
 
     return load

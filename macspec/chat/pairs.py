@@ -10,6 +10,8 @@ from macspec.engine.cached import CacheOptions
 from macspec.engine.loop import Engine
 from macspec.models.catalog import Pair, ResolvedModels, load_catalog, pair_status
 from macspec.models.pairs import open_pair
+from macspec.prefix.settings import DEFAULT_DISK, DiskCacheSettings
+from macspec.prefix.tier import attach_pair
 
 
 @dataclass(frozen=True)
@@ -37,14 +39,19 @@ def open_models(
     group=None,
     watchdog=None,
     draft_tree: str | None = None,
+    disk_cache: DiskCacheSettings | None = None,
 ) -> ChatModels:
     """Load resolved models into an engine (slow: run it off the UI thread); with an
-    mlx.distributed `group`, the target sharded over its ranks (see `build_engine`)."""
+    mlx.distributed `group`, the target sharded over its ranks (see `build_engine`).
+    The prompt cache on disk serves the engine (`disk_cache`: by default 10 GB in the macspec
+    home), except on a sharded target."""
     opened = open_pair(
         resolved, num_draft_tokens, no_draft, draft, cache_options, group, watchdog,
         draft_tree=draft_tree,
     )  # fmt: skip
     engine = opened.engine
+    if group is None:
+        attach_pair(engine, resolved, disk_cache or DEFAULT_DISK)
     models = ModelInfo(
         target=resolved.target_name,
         draft=resolved.draft_name if engine.drafter is not None else None,

@@ -29,6 +29,7 @@ from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.models.reasoning import ReasoningSplitter, reasoning_start
 from macspec.models.templates import encode_messages
+from macspec.prefix.tier import generate
 
 __all__ = [
     "ChatModels",
@@ -272,7 +273,7 @@ class ChatSession:
         # After a failed write, no more writes this turn until its end: a locked database
         # would hold each one for the busy timeout.
         writing = record.id is not None
-        events = self.engine.generate(ids, config, cancelled)
+        events = generate(self.engine, ids, config, cancelled)  # from the disk cache, too
         try:
             yield from notices
             for event in events:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from macspec.errors import EXIT_INTERRUPTED
 
 try:
-    from macspec.cli import bench, chat, models, run, serve, tune  # noqa: F401  (registers them)
+    from macspec.cli import bench, cache, chat, models, run, serve, tune  # noqa: F401  (registers them)
     from macspec.cli.app import app, run_main
 
     _STARTED = True

@@ -51,6 +51,8 @@ def chat(
     quantized_kv_start: opt.QuantizedKvStart = 0,
     max_kv_size: opt.MaxKvSize = None,
     prefill_step_size: opt.PrefillStepSize = 2048,
+    disk_cache_gb: opt.DiskCacheGb = 10.0,
+    disk_cache_dir: opt.DiskCacheDir = None,
     resume: Annotated[
         int | None,
         typer.Option("--resume", "-r", help="Continue the stored conversation with this id."),
@@ -82,6 +84,7 @@ def chat(
         max_tokens, temp, top_p, top_k, min_p, stop, seed, sampler, prefill_step_size
     )
     caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
+    disk = opt.disk_cache(disk_cache_gb, disk_cache_dir)
     store = Store()
     notes: list[str] = []
     conversation_id = store.latest_conversation_id() if continue_last else resume
@@ -98,7 +101,9 @@ def chat(
     print(f"macspec: loading {what}…", file=sys.stderr, flush=True)
     from macspec.chat.session import open_models
 
-    loaded = open_models(resolved, num_draft_tokens, no_draft, draft, caches, draft_tree=draft_tree)
+    loaded = open_models(
+        resolved, num_draft_tokens, no_draft, draft, caches, draft_tree=draft_tree, disk_cache=disk
+    )
 
     from macspec.models.templates import unused_template_options
     from tui.factory import default_pair_loader, make_app  # textual only when the UI runs
@@ -111,7 +116,7 @@ def chat(
         config=config,
         context_length=loaded.context_length,
         conversation_id=conversation_id,
-        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft, caches, draft_tree),
+        load_pair=default_pair_loader(num_draft_tokens, no_draft, draft, caches, draft_tree, disk),
         warnings=[
             *loaded.warnings,
             *notes,

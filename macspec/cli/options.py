@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -10,6 +11,7 @@ from macspec.errors import MacspecError
 
 if TYPE_CHECKING:
     from macspec.engine.config import CacheOptions, GenerationConfig
+    from macspec.prefix.settings import DiskCacheSettings
 
 Model = Annotated[
     str | None,
@@ -135,6 +137,21 @@ MaxKvSize = Annotated[
         "--max-kv-size", help="Keep at most this many ids in the KV cache (a sliding window)."
     ),
 ]
+DiskCacheGb = Annotated[
+    float,
+    typer.Option(
+        "--disk-cache-gb",
+        help="Most gigabytes of prompt cache on disk, shared by run, chat and serve across "
+        "restarts (fractions allowed; 0: off, nothing written).",
+    ),
+]
+DiskCacheDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--disk-cache-dir",
+        help="Where the prompt cache on disk lives [default: prompt-cache in the macspec home].",
+    ),
+]
 PrefillStepSize = Annotated[
     int, typer.Option("--prefill-step-size", help="Prompt ids per prefill pass.")
 ]
@@ -178,3 +195,14 @@ def cache_options(
     from macspec.engine.config import CacheOptions
 
     return CacheOptions(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
+
+
+def disk_cache(gb: float, folder: Path | None) -> DiskCacheSettings:
+    """The prompt cache's settings from --disk-cache-gb and --disk-cache-dir."""
+    from macspec.prefix.settings import DiskCacheSettings
+
+    if gb < 0:
+        raise MacspecError(f"--disk-cache-gb must be >= 0 (0 turns it off), got {gb}")
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise MacspecError(f"--disk-cache-dir {folder}: not a folder")
+    return DiskCacheSettings(gb=gb, folder=folder)

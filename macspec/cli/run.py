@@ -82,6 +82,8 @@ def run(
     quantized_kv_start: opt.QuantizedKvStart = 0,
     max_kv_size: opt.MaxKvSize = None,
     prefill_step_size: opt.PrefillStepSize = 2048,
+    disk_cache_gb: opt.DiskCacheGb = 10.0,
+    disk_cache_dir: opt.DiskCacheDir = None,
 ) -> int:
     """Answer one prompt with speculative decoding, streaming the text as it comes.
 
@@ -116,6 +118,7 @@ def run(
         max_tokens, temp, top_p, top_k, min_p, stop, seed, sampler, prefill_step_size
     )
     caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
+    disk = opt.disk_cache(disk_cache_gb, disk_cache_dir)
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
@@ -124,14 +127,14 @@ def run(
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}
         return answer(
             text, config, resolved, (num_draft_tokens, no_draft, draft, caches, draft_tree), where,
-            raw, system, think, args, as_json,
+            raw, system, think, args, as_json, disk,
         )  # fmt: skip
 
 
 def answer(
     text: str, config: GenerationConfig, resolved: ResolvedModels, engine_args: tuple,
     where: dict[str, Any], raw: bool, system: str | None, think: bool | None, args: dict,
-    as_json: bool,
+    as_json: bool, disk=None,
 ) -> int:  # fmt: skip
     """Load, encode, generate and write one answer (stdout), stats on stderr; the exit code."""
     import mlx.core as mx
@@ -141,9 +144,13 @@ def answer(
     from macspec.models.build import build_engine
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
     from macspec.models.templates import encode_prompt, unused_template_options
+    from macspec.prefix.tier import attach_pair, generate
 
     *drafting, draft_tree = engine_args
     engine, loaded = build_engine(resolved, *drafting, **where, draft_tree=draft_tree)
+    if disk is not None and not where:  # a sharded target's caches are not stored
+        attach_pair(engine, resolved, disk)
+        show_prompt_cache_warnings()
     unused = [] if raw else unused_template_options(loaded.tokenizer, system, think)
     for warning in [*loaded.warnings, *unused]:
         print(f"macspec: warning: {warning}", file=sys.stderr)
@@ -157,7 +164,7 @@ def answer(
 
     done: Done | None = None
     tally = Tally(len(prompt_ids))
-    events = engine.generate(prompt_ids, config)
+    events = generate(engine, prompt_ids, config)  # from the longest prefix cached on disk
     try:
         for event in events:
             tally.add(event)
@@ -195,6 +202,20 @@ def answer(
         hint = " (--raw sends the prompt without the chat template)" if raw else ""
         print(f"macspec: the model ended its answer immediately{hint}", file=sys.stderr)
     return 0
+
+
+def show_prompt_cache_warnings() -> None:
+    """The prompt cache's warnings (a damaged block dropped, a full disk) as macspec's own
+    warning lines on stderr."""
+    import logging
+
+    class Stderr(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            print(f"macspec: warning: {record.getMessage()}", file=sys.stderr)
+
+    logger = logging.getLogger("macspec.prefix")
+    if not any(type(h).__name__ == "Stderr" for h in logger.handlers):
+        logger.addHandler(Stderr(logging.WARNING))
 
 
 class Tally:

@@ -75,6 +75,8 @@ def serve(
     draft_tree: opt.DraftTree = None,
     think: opt.Think = None,
     chat_template_args: opt.ChatTemplateArgs = None,
+    disk_cache_gb: opt.DiskCacheGb = 10.0,
+    disk_cache_dir: opt.DiskCacheDir = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible API, with speculative decoding.
 
@@ -120,6 +122,7 @@ def serve(
         fail(f"--max-tokens must be >= 1, got {max_tokens}")
     SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p)  # checks ranges
     args = template_args(think, chat_template_args)
+    disk = opt.disk_cache(disk_cache_gb, disk_cache_dir)
     defaults = Defaults(temp, top_p, top_k, min_p, max_tokens, args)
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
@@ -135,19 +138,20 @@ def serve(
         max_batch = (1 if where else 8) if max_batch is None else max_batch
         served = serve_models(
             resolved, (num_draft_tokens, no_draft, draft, draft_tree), where, defaults,
-            (host, port, api_key, max_queue, prompt_cache, any_model, max_batch),
+            (host, port, api_key, max_queue, prompt_cache, any_model, max_batch), disk,
         )  # fmt: skip
     if served is not None:
         fail(f"{served}")
 
 
 def serve_models(
-    resolved, draft_args: tuple, where: dict, defaults, listen: tuple
+    resolved, draft_args: tuple, where: dict, defaults, listen: tuple, disk=None
 ) -> BaseException | None:
     """Load, then serve until stopped (rank 0, or alone) or follow rank 0 (other ranks).
     Returns the error that stopped the server, if one did (a lost rank)."""
     import signal
 
+    from macspec.prefix.tier import attach_pair
     from macspec.serve.backend import Backend
     from macspec.serve.ranks import Leader, follow
     from macspec.serve.server import bind, run_server
@@ -159,6 +163,8 @@ def serve_models(
     print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
     try:
         loaded = open_batched(resolved, draft_args, where, max_batch)
+        if not where and disk is not None:  # a sharded target's caches are not stored
+            attach_pair(loaded.engine, resolved, disk)
     except BaseException:
         if sock is not None:
             sock.close()

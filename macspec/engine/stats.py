@@ -16,6 +16,11 @@ class Stats:
     """Ids in the prompt."""
     prefilled_tokens: int = 0
     """Prompt ids the target actually processed (fewer when a cached prefix was reused)."""
+    disk_tokens: int = 0
+    """Of the prompt ids not prefilled, those a prompt cache loaded from disk for this
+    generation (set by macspec/prefix, not the engine)."""
+    disk_written_bytes: int = 0
+    """Bytes of new prompt-cache blocks this generation's prefill wrote to disk."""
     generated_tokens: int = 0
     """Ids delivered to the caller (EOS excluded)."""
     end_tokens: int = 0
@@ -82,6 +87,11 @@ class Stats:
             self.accepted_histogram[cycle.accepted] += 1
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt ids that came from a cache (memory or disk) rather than a prefill."""
+        return max(0, self.prompt_tokens - self.prefilled_tokens) if self.prefilled_tokens else 0
+
+    @property
     def acceptance_rate(self) -> float | None:
         """Share of guesses the target kept; None when nothing was proposed."""
         return self.draft_accepted / self.draft_proposed if self.draft_proposed else None
@@ -109,6 +119,9 @@ class Stats:
         return {
             "prompt_tokens": self.prompt_tokens,
             "prefilled_tokens": self.prefilled_tokens,
+            "cached_tokens": self.cached_tokens,
+            "disk_tokens": self.disk_tokens,
+            "disk_written_bytes": self.disk_written_bytes,
             "generated_tokens": self.generated_tokens,
             "end_tokens": self.end_tokens,
             "target_passes": self.target_passes,
@@ -188,6 +201,9 @@ def summary_line(stats: Stats, finish_reason: str) -> str:
         parts.append(stats.tree_note)
     if stats.drafter_choice:
         parts.append(f"--draft auto: {stats.drafter_choice}")
+    if stats.cached_tokens:
+        disk = f" ({stats.disk_tokens} from disk)" if stats.disk_tokens else ""
+        parts.append(f"{stats.cached_tokens} of {stats.prompt_tokens} prompt ids cached{disk}")
     parts.append(f"ttft {stats.ttft_s:.2f}s")
     parts.append(finish_reason)
     return " · ".join(parts)

@@ -21,9 +21,10 @@ from macspec.engine.config import GenerationConfig
 from macspec.engine.events import Done, Event
 from macspec.engine.loop import Engine
 from macspec.engine.stats import Stats
+from macspec.models.catalog import ResolvedModels
 from macspec.prefix.binding import ModelBinding, Tally
 from macspec.prefix.keys import root_key, settings_text
-from macspec.prefix.settings import DEFAULT_DISK, DiskCacheSettings, Identity
+from macspec.prefix.settings import DEFAULT_DISK, DiskCacheSettings, Identity, folder_identities
 from macspec.prefix.store import DiskStore
 from macspec.prefix.writer import Writer
 
@@ -128,3 +129,16 @@ def generate(
             yield event
     finally:
         events.close()
+
+
+def attach_pair(engine, resolved: ResolvedModels, settings: DiskCacheSettings) -> DiskTier | None:
+    """`attach` for an engine loaded from model folders (`ResolvedModels`); nothing when the
+    disk tier is off."""
+    if not settings.enabled or not hasattr(engine, "cached_models"):
+        return None
+    names = {m.name for m in engine.cached_models()}
+    draft = resolved.draft if "draft model" in names else None
+    identities = folder_identities(
+        resolved.target, resolved.target_name, draft, resolved.draft_name
+    )
+    return attach(engine, identities, settings)

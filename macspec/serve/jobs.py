@@ -185,7 +185,8 @@ def log_done(
         return log_line(request, status, "")
     stats = done.stats
     cached = prompt_tokens - stats.prefilled_tokens
-    parts = [f"{prompt_tokens} prompt ({cached} cached) + {len(done.tokens)} tokens"]
+    disk = f", {stats.disk_tokens} from disk" if stats.disk_tokens else ""
+    parts = [f"{prompt_tokens} prompt ({cached} cached{disk}) + {len(done.tokens)} tokens"]
     if stats.decode_tokens_per_s is not None:
         parts.append(f"{stats.decode_tokens_per_s:.1f} tok/s")
     if stats.acceptance_rate is not None:
@@ -199,6 +200,8 @@ def log_done(
         parts.append(f"{stats.rows_per_pass:.1f} requests per pass")
     parts.append(f"ttft {stats.ttft_s:.2f}s")
     parts.append(f"queued {queued_s(job):.2f}s")
+    if stats.disk_written_bytes:  # SSD wear, visible: a prefix cached already writes nothing
+        parts.append(f"prompt cache +{stats.disk_written_bytes / 1e6:.1f} MB")
     if summary:
         parts.append(summary)
     parts.append(done.finish_reason)

@@ -71,13 +71,14 @@ def make_server(backend: Backend, api_key: str | None, drain_s: float = DRAIN_S)
 
 
 def setup_logging() -> None:
-    """One line per request on stderr, timestamped."""
-    logger = logging.getLogger("macspec.serve")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    """One line per request on stderr, timestamped (and the prompt cache's lines)."""
+    for name in ("macspec.serve", "macspec.prefix"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+            logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 class _Stopped(Exception):

@@ -188,7 +188,8 @@ class Worker:
         def generate(prompt, config, cancelled):
             if self.leader is not None:
                 self.leader.announce(prompt, config)
-            return self.engine.generate(prompt, config, cancelled=cancelled)
+            # From the longest prefix cached in memory (prepared below) or on disk.
+            return generate(self.engine, prompt, config, cancelled)
 
         if job.budget is None:
             return generate(job.prompt, job.config, job.cancelled)
