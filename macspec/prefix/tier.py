@@ -14,6 +14,7 @@ import atexit
 import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 from macspec.engine import blocks
 from macspec.engine.cached import CacheOptions
@@ -71,9 +72,7 @@ def attach(
     written then). `identities`: by CachedModel name ('target model', 'draft model')."""
     if not settings.enabled:
         return None
-    store = DiskStore(settings.root, settings.max_bytes)
-    writer = Writer(store)
-    atexit.register(writer.drain)
+    store, writer = _writer(settings)
     tally = Tally()
     bindings = []
     models = [m for m in engine.cached_models() if m.name in identities]
@@ -103,6 +102,21 @@ def attach(
     tier = DiskTier(store, writer, bindings, tally)
     _tiers[engine] = tier
     return tier
+
+
+_writers: dict[tuple[Path, int], tuple[DiskStore, Writer]] = {}
+
+
+def _writer(settings: DiskCacheSettings) -> tuple[DiskStore, Writer]:
+    """One store and one writing thread per cache folder and bound in a process (a chat that
+    switches pairs binds new engines to the same folder); what is queued is written at exit."""
+    key = (settings.root, settings.max_bytes)
+    if key not in _writers:
+        store = DiskStore(settings.root, settings.max_bytes)
+        writer = Writer(store)
+        atexit.register(writer.drain)
+        _writers[key] = (store, writer)
+    return _writers[key]
 
 
 def tier_of(engine: Engine) -> DiskTier | None:

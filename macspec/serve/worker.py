@@ -21,6 +21,7 @@ from macspec.engine.distributed import Diverged, PeerLost
 from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.streams import release_streams
+from macspec.prefix.tier import generate as generate_cached
 from macspec.serve.budget import ThinkingBudget, budgeted
 from macspec.serve.prompt_cache import PromptCache
 
@@ -189,7 +190,7 @@ class Worker:
             if self.leader is not None:
                 self.leader.announce(prompt, config)
             # From the longest prefix cached in memory (prepared below) or on disk.
-            return generate(self.engine, prompt, config, cancelled)
+            return generate_cached(self.engine, prompt, config, cancelled)
 
         if job.budget is None:
             return generate(job.prompt, job.config, job.cancelled)
