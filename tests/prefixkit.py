@@ -50,10 +50,15 @@ def engine(tok, target, draft, root: Path, kind: str, **kwargs) -> Engine:
     return made
 
 
-def answer(made: Engine, prompt: list[int], max_tokens: int = MAX_TOKENS):
-    """The Done of a generation from the longest cached prefix; the blocks written first."""
+def answer(made: Engine, prompt: list[int], max_tokens: int = MAX_TOKENS, ending: bool = True):
+    """The Done of a generation from the longest cached prefix; then, as the process ends
+    (`ending`), what the tier held in memory and queued is written."""
     done = done_of(prefix.generate(made, prompt, GenerationConfig(max_tokens=max_tokens)))
-    prefix.tier_of(made).drain()
+    tier = prefix.tier_of(made)
+    if ending:
+        tier.drain()
+    else:
+        tier.writer.drain()
     return done
 
 

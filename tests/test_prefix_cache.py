@@ -150,6 +150,24 @@ def test_memory_holds_the_start_and_the_disk_only_adds_the_rest(tok, tmp_path, k
     assert done.stats.disk_tokens == 64 - (40 if kind == "llama" else 0)
 
 
+def test_a_conversation_that_goes_on_writes_its_recurrent_state_once(tok, tmp_path):
+    target, draft = pair("qwen3_5")
+    made = engine(tok, target, draft, tmp_path, "qwen3_5", state_every=8)
+    states = lambda: sorted(tmp_path.rglob("*.state.safetensors"))  # noqa: E731
+    turn = ids(0, 40)
+    done = answer(made, turn, ending=False)
+    assert not states()  # held in memory: the conversation may go on
+    turn = [*turn, *done.tokens, *ids(5, 30, start=100)]
+    answer(made, turn, ending=False)
+    assert not states()  # the first turn's state was dropped, the second's is held
+    answer(made, ids(9, 40), ending=False)  # another conversation: the held state is written
+    assert len(states()) == 2  # the target's and the draft's, at the second turn's end
+    prefix.tier_of(made).drain()  # the process ends: the last conversation's too
+    assert len(states()) == 4
+    again = engine(tok, target, draft, tmp_path, "qwen3_5", state_every=8)
+    assert prefix.tier_of(again).prepare(turn).loaded_tokens == (len(turn) - 1) // 16 * 16
+
+
 # -- drafters that read the target's hidden states ----------------------------------------------
 @pytest.mark.parametrize("kind", ["mtp", "dflash"])
 def test_drafters_reading_hidden_states_draft_as_after_a_cold_prefill(tok, tmp_path, kind):

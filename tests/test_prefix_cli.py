@@ -41,10 +41,10 @@ def run(capsys, monkeypatch, folders, *flags: str) -> tuple[int, dict, str]:
 
 
 def drained() -> None:
+    """What a process does as it ends: write what the prompt cache holds and has queued."""
     from macspec.prefix import tier
 
-    for _, writer in tier._writers.values():
-        writer.drain()
+    tier._at_exit()
 
 
 def test_a_second_run_over_the_same_document_starts_from_the_disk(capsys, monkeypatch, folders):

@@ -78,6 +78,13 @@ class ModelBinding:
         """The first id this request prefills (hidden rows before it were not recorded)."""
         self.state_at: set[int] = set()
         """Boundaries (besides every state_every-th) whose state is stored this request."""
+        self.last = 0
+        """The deepest boundary this request's prefill reaches."""
+        self.pending: tuple[int, str, BlockWrite] | None = None
+        """The state at the last request's deepest boundary (its length, key, write), held in
+        memory: written when another conversation comes or the process ends, dropped when
+        the same conversation goes on past it (SSD wear: one conversation writes its
+        recurrent state once, not at every turn)."""
         model.boundaries = Boundaries(block, self.reached)
 
     def path(self, key: str, kind: str) -> Path:
@@ -91,7 +98,8 @@ class ModelBinding:
         last = (len(prompt) - 1) // block * block  # the deepest boundary prefill reaches
         kept = len(prompt) - len(model.reuse(prompt))  # trims what the engine would trim
         keys = self.chain.keys(prompt, last // block)
-        self.first, self.limit, self.state_at = kept, last, {last}
+        self.first, self.limit, self.state_at, self.last = kept, last, set(), last
+        self._settle_pending(keys, last)
         for kind in self.hidden_kinds:
             self.hidden[kind] = HiddenRows()
         for _ in range(RETRIES):
@@ -192,15 +200,16 @@ class ModelBinding:
             rows = functools.partial(blocks.rows, model.cache, length - block, length)
             self._write(key, "rows", index, meta, rows)
         due = (index + 1) % self.state_every == 0 or length in self.state_at
-        if self.state and due:
-            self._write(key, "state", index, meta, functools.partial(blocks.state, model.cache))
+        if self.state and (due or length == self.last):
+            state = functools.partial(blocks.state, model.cache)
+            self._write(key, "state", index, meta, state, hold=not due)
         for kind, recorded in self.hidden.items():
             if length - block >= self.first and recorded.has(length - block, length):
                 rows = recorded.get(length - block, length)
                 self._write(key, kind, index, meta, lambda rows=rows: {"x": mx.contiguous(rows)})
                 recorded.forget_before(length)
 
-    def _write(self, key: str, kind: str, index: int, meta: dict, arrays) -> None:
+    def _write(self, key, kind: str, index: int, meta: dict, arrays, hold: bool = False) -> None:
         path = self.path(key, kind)
         if path.is_file():
             return
@@ -209,9 +218,35 @@ class ModelBinding:
             return
         mx.eval(made)
         nbytes = sum(a.nbytes for a in made.values())
-        self.writer.submit(BlockWrite(path, made, {**meta, "kind": kind}, index, nbytes))
+        write = BlockWrite(path, made, {**meta, "kind": kind}, index, nbytes)
+        if hold:
+            self.flush()
+            self.pending = (int(meta["end"]), key, write)
+            return
+        self.writer.submit(write)
         self.tally.written_bytes += nbytes
         self.tally.written_blocks += 1
+
+    def _settle_pending(self, keys: list[str], last: int) -> None:
+        """Before a request: drop the held state if this prompt goes on past it (it will hold
+        a deeper one), keep it if the prompt stops there, else write it."""
+        if self.pending is None:
+            return
+        length, key, _ = self.pending
+        continues = length <= len(keys) * self.block and keys[length // self.block - 1] == key
+        if continues and last > length:
+            self.pending = None
+        elif not continues:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the held state now (another conversation came, or the process ends)."""
+        if self.pending is not None:
+            write = self.pending[2]
+            self.pending = None
+            self.writer.submit(write)
+            self.tally.written_bytes += write.nbytes
+            self.tally.written_blocks += 1
 
     def _heard(self, start: int, hidden: Hidden) -> None:
         """A target pass's hidden states: kept while they are prefill rows to store."""

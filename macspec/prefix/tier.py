@@ -54,8 +54,14 @@ class DiskTier:
         stats.disk_tokens = self.tally.loaded_tokens
         stats.disk_written_bytes = self.tally.written_bytes
 
+    def flush(self) -> None:
+        """Queue what is held in memory (the latest recurrent state) for writing."""
+        for binding in self.bindings:
+            binding.flush()
+
     def drain(self, timeout: float | None = 120.0) -> bool:
-        """Wait for the blocks queued to be written."""
+        """Write everything held and queued; wait until it is on disk."""
+        self.flush()
         return self.writer.drain(timeout)
 
 
@@ -101,6 +107,7 @@ def attach(
         return None
     tier = DiskTier(store, writer, bindings, tally)
     _tiers[engine] = tier
+    weakref.finalize(engine, tier.flush)  # an engine let go (a chat switching pairs)
     return tier
 
 
@@ -111,12 +118,20 @@ def _writer(settings: DiskCacheSettings) -> tuple[DiskStore, Writer]:
     """One store and one writing thread per cache folder and bound in a process (a chat that
     switches pairs binds new engines to the same folder); what is queued is written at exit."""
     key = (settings.root, settings.max_bytes)
+    if not _writers:
+        atexit.register(_at_exit)
     if key not in _writers:
         store = DiskStore(settings.root, settings.max_bytes)
-        writer = Writer(store)
-        atexit.register(writer.drain)
-        _writers[key] = (store, writer)
+        _writers[key] = (store, Writer(store))
     return _writers[key]
+
+
+def _at_exit() -> None:
+    """Write what the tiers hold and what is queued before the process ends."""
+    for tier in list(_tiers.values()):
+        tier.flush()
+    for _, writer in _writers.values():
+        writer.drain()
 
 
 def tier_of(engine: Engine) -> DiskTier | None:
