@@ -141,7 +141,7 @@ def test_memory_holds_the_start_and_the_disk_only_adds_the_rest(tok, tmp_path, k
     done = answer(server, second)
     assert done.tokens == reference(target, second, 8)
     assert done.stats.prefilled_tokens == 70 - 64
-    keys = prefix.tier_of(server).bindings[0].chain.keys(second, 4)
+    keys = prefix.tier_of(server).chains["target model"].chain.keys(second, 4)
     rows_read = [key for path, key, kind_ in read if kind_ == "rows" and "target" in str(path)]
     # Memory holds the system prompt's two blocks (a hybrid's recurrent layers cannot return
     # to them there: it reads every block); the disk gives the rest.
@@ -160,10 +160,10 @@ def test_a_conversation_that_goes_on_writes_its_recurrent_state_once(tok, tmp_pa
     turn = [*turn, *done.tokens, *ids(5, 30, start=100)]
     answer(made, turn, ending=False)
     assert not states()  # the first turn's state was dropped, the second's is held
-    answer(made, ids(9, 40), ending=False)  # another conversation: the held state is written
-    assert len(states()) == 2  # the target's and the draft's, at the second turn's end
-    prefix.tier_of(made).drain()  # the process ends: the last conversation's too
-    assert len(states()) == 4
+    answer(made, ids(9, 40), ending=False)  # another conversation: both are held
+    assert not states()
+    prefix.tier_of(made).drain()  # the process ends: each conversation's last state, written
+    assert len(states()) == 4  # two conversations, the target's and the draft's
     again = engine(tok, target, draft, tmp_path, "qwen3_5", state_every=8)
     assert prefix.tier_of(again).prepare(turn).loaded_tokens == (len(turn) - 1) // 16 * 16
 

@@ -11,6 +11,7 @@ import json
 import anthropic
 import pytest
 import servekit
+import tiny
 
 from macspec.chat.session import ChatSession, open_models
 from macspec.chat.store import Store
@@ -20,7 +21,10 @@ from macspec.engine.loop import GenerationConfig
 from macspec.engine.stats import summary_line
 from macspec.models.catalog import resolve_models
 from macspec.models.home import macspec_home
+from macspec.models.pairs import open_pair
 from macspec.prefix.settings import DiskCacheSettings
+from macspec.prefix.tier import attach_pair
+from macspec.serve.backend import Backend, Defaults
 
 DOCUMENT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(12))
 """About 650 ids with the tiny byte-level tokenizer: two whole blocks of 256."""
@@ -96,12 +100,34 @@ def test_zero_gigabytes_writes_nothing_and_the_folder_can_move(
     assert "--disk-cache-gb must be >= 0" in capsys.readouterr().err
 
 
-def test_a_restarted_server_starts_from_the_disk(folders):
+@pytest.fixture(scope="module")
+def hybrid_folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hybrid")
+    target = tiny.arch_model("qwen3_5", 0, scale=3.0)
+    draft = tiny.noisy_arch_copy(target, 0.02, seed=1)
+    return tiny.save_arch_model(target, root / "target"), tiny.save_arch_model(
+        draft, root / "draft"
+    )
+
+
+def backend(folders, max_batch: int) -> Backend:
+    """What `macspec serve --max-batch N` serves, on the prompt cache in the macspec home."""
+    resolved = resolve_models(None, str(folders[0]), str(folders[1]))
+    opened = open_pair(resolved, "3", batch=max_batch > 1)
+    attach_pair(opened.engine, resolved, DiskCacheSettings())
+    defaults = Defaults(max_tokens=8)
+    return Backend(
+        opened.engine, opened.tokenizer, "tiny", 2048, defaults, k=3, max_batch=max_batch
+    )
+
+
+@pytest.mark.parametrize("kind, max_batch", [("llama", 1), ("llama", 4), ("qwen3_5", 4)])
+def test_a_restarted_server_starts_from_the_disk(folders, hybrid_folders, kind, max_batch):
+    pair = folders if kind == "llama" else hybrid_folders
     messages = [{"role": "user", "content": "hello"}]
     replies = []
     for protocol in ("openai", "openai", "anthropic"):  # a server, restarted twice
-        backend = servekit.make_backend(*folders, context_length=2048)
-        with servekit.ServerThread(backend, api_key=servekit.KEY) as server:
+        with servekit.ServerThread(backend(pair, max_batch), api_key=servekit.KEY) as server:
             if protocol == "openai":
                 replies.append(
                     servekit.client(server).chat.completions.create(

@@ -28,7 +28,7 @@ TESTS = Path(__file__).resolve().parent
 
 def second_block(root: Path, tier) -> Path:
     """The rows file of block 1 of the test prompt, for the target."""
-    binding = tier.bindings[0]
+    binding = tier.chains["target model"]
     key = binding.chain.keys(ids(0, 75), 2)[1]
     return binding.path(key, "rows")
 
@@ -131,9 +131,9 @@ def test_the_size_bound_holds_evicting_the_least_recently_used_from_the_ends(tok
     for prompt in prompts[1:]:
         made = engine(tok, target, draft, tmp_path, "llama", gb=bound)
         answer(made, prompt)
-        order.append(prefix.tier_of(made).bindings[0].chain.keys(prompt, 4))
+        order.append(prefix.tier_of(made).chains["target model"].chain.keys(prompt, 4))
         assert DiskStore(tmp_path, 0).total_bytes() <= bound * 1e9
-    first = prefix.tier_of(engine(tok, target, draft, tmp_path, "llama")).bindings[0]
+    first = prefix.tier_of(engine(tok, target, draft, tmp_path, "llama")).chains["target model"]
     first_keys = first.chain.keys(prompts[0], 4)
     # The newest prompt is whole; the oldest went first, its deepest blocks before its first.
     assert all(first.path(k, "rows").exists() for k in order[-1])

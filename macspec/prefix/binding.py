@@ -1,20 +1,23 @@
-"""One model's cache bound to the disk tier: restore the deepest cached boundary of a prompt,
-and store each block as prefill completes it.
+"""One model's blocks on disk: restore the deepest cached boundary of a prompt into a cache,
+and store each block as a watched cache's prefill completes it.
 
 Prefill runs in block-sized chunks that end at multiples of the block size
 (`CachedModel.boundaries`), so a cold run and one restored at a boundary compute every later
 chunk alike (`engine/blocks.py`). At each boundary the block's attention rows are written, and
 recurrent state, which is large (a few hundred KB to ~150 MB per boundary on real hybrids),
-only at some: every `state_every`-th boundary, the last boundary of each prompt (where the next
-turn of the conversation resumes), and the boundary where the prompt leaves a chain already
-on disk (where the next conversation sharing that prefix resumes).
+only at some: every `state_every`-th boundary, the boundary where a prompt leaves a chain
+already on disk (where the next conversation sharing that prefix resumes), and the last
+boundary of each prompt (where the next turn resumes), this last one held in memory until
+another conversation comes or the process ends, and dropped when the same conversation goes
+on past it: a long agent session writes its state once, not at every turn.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -28,6 +31,8 @@ from macspec.prefix.writer import BlockWrite, Writer
 
 RETRIES = 3
 """Restores tried again after a block proved damaged (it is deleted, so the next is shallower)."""
+HELD_STATES = 4
+"""Conversations whose last recurrent state is held in memory rather than written at once."""
 
 
 @dataclass
@@ -38,82 +43,92 @@ class Tally:
     """Prompt ids of the target loaded from disk (not prefilled, not in memory already)."""
     written_bytes: int = 0
     """Bytes of new block files (a prefix already cached writes nothing)."""
-    written_blocks: int = 0
 
 
-class ModelBinding:
-    """A CachedModel (the target, or the draft model) and its blocks on disk."""
+@dataclass
+class Restored:
+    """What a restore did, for the watch on the cache's prefill and its drafter."""
+
+    first: int
+    """The first id left to prefill (the cache holds those before it)."""
+    last: int
+    """The deepest boundary the prompt's prefill reaches."""
+    state_at: set[int] = field(default_factory=set)
+    """Boundaries whose recurrent state this prefill stores besides the usual ones."""
+    hidden: Hidden | None = None
+    """Hidden states restored for a drafter that reads the model (positions 0 on)."""
+
+
+def hidden_kinds(cached: CachedModel) -> dict[str, object]:
+    """What a drafter reading this model needs besides its cache: file kind -> Hidden field."""
+    spec = cached.hidden_spec
+    if spec is None:
+        return {}
+    kinds: dict[str, object] = {"hidden-final": "final"} if spec.final else {}
+    kinds.update({f"hidden-L{layer}": layer for layer in spec.layers})
+    return kinds
+
+
+class ModelChain:
+    """One model (its fingerprint and cache settings) and its blocks on disk."""
 
     def __init__(
         self,
-        model: CachedModel,
+        template: list,
         store: DiskStore,
         writer: Writer,
         fingerprint: str,
         root: str,
         block: int,
         state_every: int,
-        tally: Tally,
     ):
-        self.model, self.store, self.writer = model, store, writer
+        self.template = template
+        """A fresh cache of the model (as its CacheOptions make it): what a restore fills."""
+        self.store, self.writer = store, writer
         self.fingerprint, self.block, self.state_every = fingerprint, block, state_every
-        self.tally = tally
         self.chain = Chain(root, block)
-        self.template = model.options.make(model.model)
-        self.rows = blocks.has_rows(self.template)
-        self.state = blocks.has_state(self.template)
-        spec = model.hidden_spec
-        self.hidden_kinds: dict[str, object] = {}
-        """What a drafter reading the target needs besides its cache: kind -> Hidden field."""
-        if spec is not None:
-            if spec.final:
-                self.hidden_kinds["hidden-final"] = "final"
-            for layer in spec.layers:
-                self.hidden_kinds[f"hidden-L{layer}"] = layer
-            model.listen_hidden(self._heard)
-        self.hidden = {kind: HiddenRows() for kind in self.hidden_kinds}
-        self.limit = 0
-        """Prefill positions before this one are recorded for hidden-state blocks."""
-        self.first = 0
-        """The first id this request prefills (hidden rows before it were not recorded)."""
-        self.state_at: set[int] = set()
-        """Boundaries (besides every state_every-th) whose state is stored this request."""
-        self.last = 0
-        """The deepest boundary this request's prefill reaches."""
-        self.pending: tuple[int, str, BlockWrite] | None = None
-        """The state at the last request's deepest boundary (its length, key, write), held in
-        memory: written when another conversation comes or the process ends, dropped when
-        the same conversation goes on past it (SSD wear: one conversation writes its
-        recurrent state once, not at every turn)."""
-        model.boundaries = Boundaries(block, self.reached)
+        self.rows = blocks.has_rows(template)
+        self.state = blocks.has_state(template)
+        self.held: OrderedDict[str, tuple[int, BlockWrite, Tally]] = OrderedDict()
+        """Last recurrent states held in memory, by block key: (boundary, write, its tally)."""
 
     def path(self, key: str, kind: str) -> Path:
         return self.store.path(self.fingerprint, key, kind)
 
-    # -- restoring -----------------------------------------------------------------------------
-    def prepare(self, prompt: Sequence[int]) -> int:
-        """Restore the deepest boundary of `prompt` on disk when it holds more than the
-        model's cache would keep; returns how many ids that added."""
-        model, block = self.model, self.block
-        last = (len(prompt) - 1) // block * block  # the deepest boundary prefill reaches
-        kept = len(prompt) - len(model.reuse(prompt))  # trims what the engine would trim
-        keys = self.chain.keys(prompt, last // block)
-        self.first, self.limit, self.state_at, self.last = kept, last, set(), last
-        self._settle_pending(keys, last)
-        for kind in self.hidden_kinds:
-            self.hidden[kind] = HiddenRows()
-        for _ in range(RETRIES):
-            depth, branch = self._plan(keys, kept)
-            if self.state and branch * block > kept:
-                self.state_at.add(branch * block)  # where this prompt leaves a cached chain
-            if depth * block <= kept:
-                self._touch(keys, kept // block, kept // block)
-                return 0
-            if self._restore(prompt, keys, depth, kept):
-                return depth * block - kept
-        return 0
+    def watch(self, cached: CachedModel) -> Watch:
+        """Store the blocks `cached` prefills from now on."""
+        watch = Watch(self, cached)
+        cached.boundaries = Boundaries(self.block, watch.reached)
+        if watch.kinds:
+            cached.listen_hidden(watch.heard)
+        return watch
 
-    def _plan(self, keys: list[str], kept: int) -> tuple[int, int]:
+    # -- restoring -----------------------------------------------------------------------------
+    def restore(self, cached: CachedModel, prompt: Sequence[int], tally: Tally) -> Restored:
+        """Restore the deepest boundary of `prompt` on disk into `cached` when it holds more
+        than `cached` would keep; the ids added go to `tally`."""
+        block = self.block
+        last = (len(prompt) - 1) // block * block  # the deepest boundary prefill reaches
+        kept = len(prompt) - len(cached.reuse(prompt))  # trims what the engine would trim
+        keys = self.chain.keys(prompt, last // block)
+        self._settle_held(keys, last)
+        kinds = hidden_kinds(cached)
+        restored = Restored(kept, last)
+        for _ in range(RETRIES):
+            depth, branch = self._plan(keys, kept, kinds)
+            if self.state and branch * block > kept:
+                restored.state_at.add(branch * block)  # where it leaves a cached chain
+            if depth * block <= kept:
+                self._touch(keys, kept // block, kinds)
+                break
+            hidden = self._load(cached, prompt, keys, depth, kept, kinds)
+            if hidden is not False:
+                tally.loaded_tokens += depth * block - kept
+                restored.first, restored.hidden = depth * block, hidden
+                break
+        return restored
+
+    def _plan(self, keys: list[str], kept: int, kinds) -> tuple[int, int]:
         """(the deepest boundary, in blocks, that can be restored: every block it needs and its
         state on disk; the deepest boundary whose rows chain is on disk)."""
         block = self.block
@@ -130,24 +145,25 @@ class ModelBinding:
             needed = blocks.blocks_needed(self.template, depth * block, block, head * block)
             if not all(exists(i, "rows") for i in needed):
                 continue
-            if all(exists(i, kind) for kind in self.hidden_kinds for i in range(depth)):
+            if all(exists(i, kind) for kind in kinds for i in range(depth)):
                 return depth, chained
         return 0, chained
 
-    def _restore(self, prompt: Sequence[int], keys: list[str], depth: int, kept: int) -> bool:
-        model, block = self.model, self.block
-        length = depth * block
+    def _load(self, cached, prompt, keys, depth: int, kept: int, kinds) -> Hidden | None | bool:
+        """Restore `depth` blocks into `cached`; False when a file went missing or proved
+        damaged (it is dropped: plan again)."""
+        block, length = self.block, depth * self.block
         head = kept // block if self.rows else 0
         needed = sorted(blocks.blocks_needed(self.template, length, block, head * block))
         wanted = [(i, "rows") for i in needed]
         if self.state:
             wanted.append((depth - 1, "state"))
-        wanted += [(i, kind) for kind in self.hidden_kinds for i in range(depth)]
+        wanted += [(i, kind) for kind in kinds for i in range(depth)]
         loaded = self.store.load_many([(self.path(keys[i], k), keys[i], k) for i, k in wanted])
         if any(arrays is None for arrays in loaded):
-            return False  # a block went missing or was damaged (and dropped): plan again
+            return False
         found = dict(zip(wanted, loaded))
-        options = model.options
+        options = cached.options
         quantize = None
         if options.kv_bits is not None and length >= options.quantized_kv_start:
             quantize = (options.kv_group_size, options.kv_bits)
@@ -158,50 +174,93 @@ class ModelBinding:
             lambda i: found[(i, "rows")],
             found.get((depth - 1, "state")),
             quantize,
-            head=model.cache if head else None,
+            head=cached.cache if head else None,
             head_length=head * block,
         )
         mx.eval([c.state for _, c in blocks.leaves(cache)])
-        model.load(SavedCache(tuple(prompt[:length]), cache, {}))
-        self.first = length  # prefill resumes here
-        if self.hidden_kinds:
-            model.give_hidden(0, self._joined_hidden(found, depth))
-        self._touch(keys, depth, depth)
-        return True
-
-    def _joined_hidden(self, found: dict, depth: int) -> Hidden:
+        cached.load(SavedCache(tuple(prompt[:length]), cache, {}))
+        self._touch(keys, depth, kinds)
+        if not kinds:
+            return None
         hidden = Hidden()
-        for kind, field in self.hidden_kinds.items():
+        for kind, part in kinds.items():
             rows = mx.concatenate([found[(i, kind)]["x"] for i in range(depth)], axis=0)
-            if field == "final":
+            if part == "final":
                 hidden.final = rows
             else:
-                hidden.layers[field] = rows
+                hidden.layers[part] = rows
         return hidden
 
-    def _touch(self, keys: list[str], depth: int, state_depth: int) -> None:
-        """Mark a chain used: its blocks, and the state it was restored from."""
-        kinds = (["rows"] if self.rows else []) + list(self.hidden_kinds)
+    def _touch(self, keys: list[str], depth: int, kinds) -> None:
+        """Mark a chain used: its blocks, and the state at its end."""
         for i in range(depth):
-            for kind in kinds:
+            for kind in (["rows"] if self.rows else []) + list(kinds):
                 self.store.touch(self.path(keys[i], kind), i)
-        if self.state and state_depth:
-            self.store.touch(self.path(keys[state_depth - 1], "state"), state_depth - 1)
+        if self.state and depth:
+            self.store.touch(self.path(keys[depth - 1], "state"), depth - 1)
 
-    # -- storing -------------------------------------------------------------------------------
-    def reached(self, model: CachedModel, length: int) -> None:
+    # -- held states ---------------------------------------------------------------------------
+    def hold(self, key: str, length: int, write: BlockWrite, tally: Tally) -> None:
+        self.held.pop(key, None)
+        self.held[key] = (length, write, tally)
+        while len(self.held) > HELD_STATES:
+            self._write_held(next(iter(self.held)))
+
+    def _settle_held(self, keys: list[str], last: int) -> None:
+        """A prompt that goes on past a held state will hold a deeper one: drop it."""
+        for key, (length, _, _) in list(self.held.items()):
+            index = length // self.block - 1
+            if last > length and index < len(keys) and keys[index] == key:
+                del self.held[key]
+
+    def _write_held(self, key: str) -> None:
+        _, write, tally = self.held.pop(key)
+        self.submit(write, tally)
+
+    def flush(self) -> None:
+        """Write every held state (the process ends, or an engine is let go)."""
+        for key in list(self.held):
+            self._write_held(key)
+
+    def submit(self, write: BlockWrite, tally: Tally) -> None:
+        self.writer.submit(write)
+        tally.written_bytes += write.nbytes
+
+
+class Watch:
+    """A cache being prefilled for one request: the blocks its boundaries complete are stored."""
+
+    def __init__(self, chain: ModelChain, cached: CachedModel):
+        self.chain = chain
+        self.kinds = hidden_kinds(cached)
+        self.hidden = {kind: HiddenRows() for kind in self.kinds}
+        self.first = 0
+        """The first id this request prefills (hidden rows before it are not recorded)."""
+        self.last = 0
+        """The deepest boundary this request's prefill reaches (its state is held)."""
+        self.state_at: set[int] = set()
+        """Boundaries (besides every state_every-th) whose state is stored this request."""
+        self.tally = Tally()
+
+    def begin(self, restored: Restored, tally: Tally) -> None:
+        """A request's prefill starts where `restored` says."""
+        self.first, self.last, self.state_at = restored.first, restored.last, restored.state_at
+        self.tally = tally
+        self.hidden = {kind: HiddenRows() for kind in self.kinds}
+
+    def reached(self, cached: CachedModel, length: int) -> None:
         """A prefill chunk ended at a boundary: write what is not on disk yet."""
-        block = self.block
+        chain, block = self.chain, self.chain.block
         index = length // block - 1
-        keys = self.chain.keys(model.tokens, index + 1)
+        keys = chain.chain.keys(cached.tokens, index + 1)
         key = keys[index]
-        meta = {"key": key, "parent": self.chain.parent(keys, index), "end": str(length)}
-        if self.rows:
-            rows = functools.partial(blocks.rows, model.cache, length - block, length)
+        meta = {"key": key, "parent": chain.chain.parent(keys, index), "end": str(length)}
+        if chain.rows:
+            rows = functools.partial(blocks.rows, cached.cache, length - block, length)
             self._write(key, "rows", index, meta, rows)
-        due = (index + 1) % self.state_every == 0 or length in self.state_at
-        if self.state and (due or length == self.last):
-            state = functools.partial(blocks.state, model.cache)
+        due = (index + 1) % chain.state_every == 0 or length in self.state_at
+        if chain.state and (due or length == self.last):
+            state = functools.partial(blocks.state, cached.cache)
             self._write(key, "state", index, meta, state, hold=not due)
         for kind, recorded in self.hidden.items():
             if length - block >= self.first and recorded.has(length - block, length):
@@ -210,7 +269,7 @@ class ModelBinding:
                 recorded.forget_before(length)
 
     def _write(self, key, kind: str, index: int, meta: dict, arrays, hold: bool = False) -> None:
-        path = self.path(key, kind)
+        path = self.chain.path(key, kind)
         if path.is_file():
             return
         made = arrays()
@@ -220,39 +279,15 @@ class ModelBinding:
         nbytes = sum(a.nbytes for a in made.values())
         write = BlockWrite(path, made, {**meta, "kind": kind}, index, nbytes)
         if hold:
-            self.flush()
-            self.pending = (int(meta["end"]), key, write)
-            return
-        self.writer.submit(write)
-        self.tally.written_bytes += nbytes
-        self.tally.written_blocks += 1
+            self.chain.hold(key, int(meta["end"]), write, self.tally)
+        else:
+            self.chain.submit(write, self.tally)
 
-    def _settle_pending(self, keys: list[str], last: int) -> None:
-        """Before a request: drop the held state if this prompt goes on past it (it will hold
-        a deeper one), keep it if the prompt stops there, else write it."""
-        if self.pending is None:
+    def heard(self, start: int, hidden: Hidden) -> None:
+        """A pass's hidden states: kept while they are this request's prefill rows."""
+        if not self.first <= start < self.last:
             return
-        length, key, _ = self.pending
-        continues = length <= len(keys) * self.block and keys[length // self.block - 1] == key
-        if continues and last > length:
-            self.pending = None
-        elif not continues:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write the held state now (another conversation came, or the process ends)."""
-        if self.pending is not None:
-            write = self.pending[2]
-            self.pending = None
-            self.writer.submit(write)
-            self.tally.written_bytes += write.nbytes
-            self.tally.written_blocks += 1
-
-    def _heard(self, start: int, hidden: Hidden) -> None:
-        """A target pass's hidden states: kept while they are prefill rows to store."""
-        if not self.first <= start < self.limit:
-            return
-        for kind, field in self.hidden_kinds.items():
-            rows = hidden.final if field == "final" else hidden.layers.get(field)
+        for kind, part in self.kinds.items():
+            rows = hidden.final if part == "final" else hidden.layers.get(part)
             if rows is not None:
                 self.hidden[kind].add(start, rows)

@@ -14,16 +14,17 @@ import atexit
 import logging
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from macspec.engine import blocks
-from macspec.engine.cached import CacheOptions
+from macspec.engine.cached import CachedModel, SavedCache
 from macspec.engine.config import GenerationConfig
 from macspec.engine.events import Done, Event
 from macspec.engine.loop import Engine
 from macspec.engine.stats import Stats
 from macspec.models.catalog import ResolvedModels
-from macspec.prefix.binding import ModelBinding, Tally
+from macspec.prefix.binding import ModelChain, Restored, Tally, Watch
 from macspec.prefix.keys import root_key, settings_text
 from macspec.prefix.settings import DEFAULT_DISK, DiskCacheSettings, Identity, folder_identities
 from macspec.prefix.store import DiskStore
@@ -31,33 +32,117 @@ from macspec.prefix.writer import Writer
 
 log = logging.getLogger("macspec.prefix")
 
+TARGET, DRAFT = "target model", "draft model"
+"""The names of the caches the tier stores (CachedModel.name)."""
+
+
+def draft_state(drafter) -> CachedModel | None:
+    """The draft model's cache of a drafter (a model drafter, a hybrid's, --draft auto's)."""
+    for candidate in [drafter, *getattr(drafter, "drafters", {}).values()]:
+        for holder in (candidate, getattr(candidate, "model", None)):
+            state = getattr(holder, "state", None)
+            if isinstance(state, CachedModel):
+                return state
+    return None
+
+
+@dataclass
+class RowStart:
+    """What the disk tier did for a request joining a batch."""
+
+    restored: dict[str, Restored]
+    """By model name: where its prefill starts."""
+    tally: Tally
+
 
 class DiskTier:
-    """An engine's cached models bound to one store."""
+    """An engine's model caches bound to one store: the target's, and the draft model's."""
 
-    def __init__(self, store: DiskStore, writer: Writer, bindings: list[ModelBinding], tally):
-        self.store, self.writer, self.bindings = store, writer, bindings
-        self.tally = tally
-        """This request's figures (reset by `prepare`)."""
+    def __init__(self, engine, store: DiskStore, writer: Writer, chains: dict[str, ModelChain]):
+        self.engine = weakref.proxy(engine)
+        self.store, self.writer, self.chains = store, writer, chains
+        self.tally = Tally()
+        """The latest request's figures (an Engine's; a batch's rows have their own)."""
+        self.watches: dict[str, tuple[CachedModel, Watch]] = {}
+        if hasattr(engine, "cached_models"):  # one sequence: its caches live as long as it
+            for cached in engine.cached_models():
+                if cached.name in chains:
+                    self.watches[cached.name] = (cached, chains[cached.name].watch(cached))
+        self.rows: dict[int, tuple[object, RowStart]] = {}
+        """A batch's rows by id: (the row, its RowStart)."""
 
+    # -- one sequence (Engine) -----------------------------------------------------------------
     def prepare(self, prompt: Sequence[int]) -> Tally:
         """Before a generation: restore the deepest cached prefix of `prompt` in every model
         whose cache holds less of it."""
-        self.tally.loaded_tokens = self.tally.written_bytes = self.tally.written_blocks = 0
-        for index, binding in enumerate(self.bindings):
-            loaded = binding.prepare(prompt)
-            if index == 0:  # the target's: what the prompt's cached ids count
-                self.tally.loaded_tokens = loaded
+        self.tally = Tally()
+        for name, (cached, watch) in self.watches.items():
+            # The target's restored ids are the prompt's cached ones; the draft's only save time.
+            loads = self.tally if name == TARGET else Tally()
+            restored = self.chains[name].restore(cached, prompt, loads)
+            watch.begin(restored, self.tally)
+            if restored.hidden is not None:
+                cached.give_hidden(0, restored.hidden)
         return self.tally
 
-    def fill(self, stats: Stats) -> None:
-        stats.disk_tokens = self.tally.loaded_tokens
-        stats.disk_written_bytes = self.tally.written_bytes
+    def fill(self, stats: Stats, tally: Tally | None = None) -> None:
+        tally = tally if tally is not None else self.tally
+        stats.disk_tokens = tally.loaded_tokens
+        stats.disk_written_bytes = tally.written_bytes
 
+    # -- a batch (BatchEngine) -----------------------------------------------------------------
+    def start_row(
+        self, prompt: Sequence[int], start: list[SavedCache] | None
+    ) -> tuple[list[SavedCache] | None, RowStart]:
+        """Before a request joins a batch: the state it starts from, `start` (from memory) or
+        a deeper one restored from disk."""
+        engine, started = self.engine, RowStart({}, Tally())
+        target = CachedModel(engine.model, TARGET, options=engine.cache_options)
+        if start:
+            target.load(start[0])
+        started.restored[TARGET] = self.chains[TARGET].restore(target, prompt, started.tally)
+        if not started.tally.loaded_tokens:
+            started.restored[TARGET].hidden = None
+            return start, started
+        saved = [target.save()]
+        template = draft_state(engine.drafter)
+        if DRAFT in self.chains and template is not None:
+            draft = CachedModel(template.model, DRAFT, options=template.options)
+            if start and len(start) > 1:
+                draft.load(start[1])
+            started.restored[DRAFT] = self.chains[DRAFT].restore(draft, prompt, Tally())
+            saved.append(draft.save())
+        return saved, started
+
+    def watch_row(self, row, started: RowStart) -> None:
+        """After a request joined (its caches made): store what its prefill computes."""
+        for key, (other, _) in list(self.rows.items()):  # rows failed or cancelled meanwhile
+            if other.done is not None:
+                del self.rows[key]
+        self.rows[id(row)] = (row, started)
+        caches = {TARGET: row.alone, DRAFT: draft_state(row.drafter)}
+        for name, cached in caches.items():
+            if cached is None or name not in self.chains:
+                continue
+            restored = started.restored.get(name)
+            if restored is None:  # not restored: its prefill starts where its cache ends
+                last = (len(row.prompt) - 1) // self.chains[name].block * self.chains[name].block
+                restored = Restored(len(cached), last)
+            self.chains[name].watch(cached).begin(restored, started.tally)
+            if restored.hidden is not None:
+                cached.give_hidden(0, restored.hidden)
+                restored.hidden = None
+
+    def finish_row(self, row, stats: Stats) -> None:
+        _, started = self.rows.pop(id(row), (None, None))
+        if started is not None:
+            self.fill(stats, started.tally)
+
+    # -- writing -------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Queue what is held in memory (the latest recurrent state) for writing."""
-        for binding in self.bindings:
-            binding.flush()
+        """Queue what is held in memory (the latest recurrent states) for writing."""
+        for chain in self.chains.values():
+            chain.flush()
 
     def drain(self, timeout: float | None = 120.0) -> bool:
         """Write everything held and queued; wait until it is on disk."""
@@ -65,47 +150,46 @@ class DiskTier:
         return self.writer.drain(timeout)
 
 
-_tiers: weakref.WeakKeyDictionary[Engine, DiskTier] = weakref.WeakKeyDictionary()
+_tiers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def attach(
-    engine: Engine,
+    engine,
     identities: dict[str, Identity],
     settings: DiskCacheSettings = DEFAULT_DISK,
-    options: CacheOptions | None = None,
 ) -> DiskTier | None:
-    """Bind the engine's cached models to the disk tier (None when it is off: nothing is
-    written then). `identities`: by CachedModel name ('target model', 'draft model')."""
+    """Bind an engine's model caches to the disk tier (None when it is off: nothing is written
+    then). `engine`: an Engine or a BatchEngine; `identities`: by CachedModel name ('target
+    model', 'draft model')."""
     if not settings.enabled:
         return None
     store, writer = _writer(settings)
-    tally = Tally()
-    bindings = []
-    models = [m for m in engine.cached_models() if m.name in identities]
-    for model in models:
-        identity = identities[model.name]
-        kind = blocks.unsupported(model.cache)
+    models = {}  # name -> (module, cache options)
+    if hasattr(engine, "cached_models"):
+        models = {m.name: (m.model, m.options) for m in engine.cached_models()}
+    else:
+        models[TARGET] = (engine.model, engine.cache_options)
+        template = draft_state(engine.drafter)
+        if template is not None:
+            models[DRAFT] = (template.model, template.options)
+    chains = {}
+    for name, (module, options) in models.items():
+        identity = identities.get(name)
+        if identity is None:
+            continue
+        fresh = options.make(module)
+        kind = blocks.unsupported(fresh)
         if kind is not None:
             log.info("prompt cache: %s is not cached on disk (its %s)", identity.name, kind)
             continue
-        cache_options = options if options is not None else model.options
-        root = root_key(identity.fingerprint, settings_text(settings.block, cache_options))
+        root = root_key(identity.fingerprint, settings_text(settings.block, options))
         store.register(identity.fingerprint, {"name": identity.name, "folder": identity.folder})
-        bindings.append(
-            ModelBinding(
-                model,
-                store,
-                writer,
-                identity.fingerprint,
-                root,
-                settings.block,
-                settings.state_every,
-                tally,
-            )  # fmt: skip
+        chains[name] = ModelChain(
+            fresh, store, writer, identity.fingerprint, root, settings.block, settings.state_every
         )
-    if not bindings:
+    if TARGET not in chains:
         return None
-    tier = DiskTier(store, writer, bindings, tally)
+    tier = DiskTier(engine, store, writer, chains)
     _tiers[engine] = tier
     weakref.finalize(engine, tier.flush)  # an engine let go (a chat switching pairs)
     return tier
@@ -163,10 +247,13 @@ def generate(
 def attach_pair(engine, resolved: ResolvedModels, settings: DiskCacheSettings) -> DiskTier | None:
     """`attach` for an engine loaded from model folders (`ResolvedModels`); nothing when the
     disk tier is off."""
-    if not settings.enabled or not hasattr(engine, "cached_models"):
+    if not settings.enabled:
         return None
-    names = {m.name for m in engine.cached_models()}
-    draft = resolved.draft if "draft model" in names else None
+    if hasattr(engine, "cached_models"):
+        has_draft = any(m.name == DRAFT for m in engine.cached_models())
+    else:  # a BatchEngine: its rows' drafters are of the kind of `engine.drafter`
+        has_draft = draft_state(engine.drafter) is not None
+    draft = resolved.draft if has_draft else None
     identities = folder_identities(
         resolved.target, resolved.target_name, draft, resolved.draft_name
     )

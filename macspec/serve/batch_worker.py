@@ -21,6 +21,7 @@ from macspec.engine.cached import SavedCache
 from macspec.engine.events import Cycle, Done, Source, Token
 from macspec.engine.streams import release_streams
 from macspec.models.reasoning import ReasoningSplitter
+from macspec.prefix.tier import tier_of
 from macspec.serve.budget import CLOSING, joined
 from macspec.serve.prompt_cache import shared_prefix
 from macspec.serve.worker import Failed, Job, Worker
@@ -160,6 +161,9 @@ class BatchWorker(Worker):
         prompt = job.prompt if prompt is None else prompt
         try:
             start = self.states.best(prompt)
+            disk = tier_of(self.engine)
+            if disk is not None:  # the disk tier, where it holds more of the prompt
+                start, started = disk.start_row(prompt, start)
             if job.budget is not None and job not in self.watches:
                 self.watches[job] = BudgetWatch(job)
             holder: list[Row] = []
@@ -172,6 +176,8 @@ class BatchWorker(Worker):
             holder.append(row)
             if start and len(start) > 1 and getattr(row.drafter, "state", None) is not None:
                 row.drafter.state.load(start[1])
+            if disk is not None:
+                disk.watch_row(row, started)
         except Exception as exc:
             self._fail(job, exc)
             return
@@ -217,6 +223,9 @@ class BatchWorker(Worker):
 
     def _done(self, job: Job, row: Row, done: Done) -> None:
         self.states.add(row.saved)
+        disk = tier_of(self.engine)
+        if disk is not None:  # what came from disk, what was written
+            disk.finish_row(row, done.stats)
         del self.rows[job]
         watch = self.watches.get(job)
         closing_due = (
