@@ -157,3 +157,19 @@ def answer_plain(made, prompt):
     from macspec.engine.loop import GenerationConfig
 
     return done_of(prefix.generate(made, prompt, GenerationConfig(max_tokens=8)))
+
+
+def test_a_full_disk_is_one_line_and_answers_go_on(tok, tmp_path, caplog, monkeypatch):
+    def full(path, arrays, metadata):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(blockfile, "write", full)
+    target, draft = pair("llama")
+    with caplog.at_level(logging.WARNING, logger="macspec.prefix"):
+        for seed in (0, 1):
+            prompt = ids(seed, 75)
+            done = answer(engine(tok, target, draft, tmp_path, "llama"), prompt)
+            assert done.tokens == reference(target, prompt, 8)
+    lines = [r.getMessage() for r in caplog.records if r.name == "macspec.prefix"]
+    assert len(lines) == 1 and "No space left on device" in lines[0]
+    assert not rows_files(tmp_path)

@@ -93,8 +93,8 @@ class Writer:
             written = self.store.save(write.path, write.arrays, write.meta, write.depth)
             self.written_bytes += written
             self._wrote_since_evict = self._wrote_since_evict or written > 0
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
+        except Exception as exc:  # noqa: BLE001 - a block not written is a block recomputed
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             if reason not in self._failed:  # once per reason, not once per block
                 self._failed.add(reason)
                 log.warning("prompt cache: cannot write %s: %s", write.path.parent, reason)
@@ -103,5 +103,5 @@ class Writer:
         self._wrote_since_evict = False
         try:
             self.store.evict()
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - the next run of writes tries again
             log.warning("prompt cache: cannot trim %s: %s", self.store.root, exc)
