@@ -149,6 +149,7 @@ DiskCacheDir = Annotated[
     Path | None,
     typer.Option(
         "--disk-cache-dir",
+        metavar="DIR",
         help="Where the prompt cache on disk lives [default: prompt-cache in the macspec home].",
     ),
 ]
