@@ -14,7 +14,8 @@ from prefixkit import BLOCK, KINDS, answer, engine, ids, pair, rows_files, setti
 
 from macspec import prefix
 from macspec.engine import blocks
-from macspec.engine.cached import Boundaries, CachedModel, CacheOptions, SavedCache
+from macspec.engine.blocks import Boundaries
+from macspec.engine.cached import CachedModel, CacheOptions, SavedCache
 from macspec.engine.dflash import DFlashDrafter
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.mtp import MTPDrafter

@@ -20,6 +20,7 @@ Arrays are named `<layer>.<part>`: `3.k`, `3.v` (quantized: `3.k.0`, `3.k.1`, `3
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -31,6 +32,19 @@ from mlx_lm.models.cache import (
     QuantizedKVCache,
     RotatingKVCache,
 )
+
+
+@dataclass(frozen=True)
+class Boundaries:
+    """Where prefill chunks end, and who is told when one is reached (a prompt cache, which
+    stores the cache there): a cold prefill and one that resumes at a boundary then run the
+    same chunks, so they compute the same arrays."""
+
+    block: int
+    """Chunks end at every multiple of this many ids."""
+    reached: Callable[[Any, int], None]
+    """Called with the CachedModel after each chunk that ends at a multiple of `block`."""
+
 
 ROW_CACHES = (KVCache, QuantizedKVCache, ConcatenateKVCache, RotatingKVCache)
 """Caches whose content is one row per id: stored block by block."""

@@ -37,6 +37,7 @@ from mlx_lm.models.cache import (
 )
 
 from macspec.engine import recurrent
+from macspec.engine.blocks import Boundaries
 from macspec.engine.config import DEFAULT_CACHE, CacheOptions  # noqa: F401  (re-exported)
 from macspec.engine.taps import Hidden, HiddenSpec, Taps
 from macspec.errors import MacspecError
@@ -120,18 +121,6 @@ class Checkpoint:
     """Ids the cache had seen when the checkpoint was taken."""
     layers: dict[int, dict[str, Any]]
     """Layer index -> a snapshot of that layer cache's attributes."""
-
-
-@dataclass(frozen=True)
-class Boundaries:
-    """Where prefill chunks end, and who is told when one is reached (a prompt cache, which
-    stores the cache there): a cold prefill and one that resumes at a boundary then run the
-    same chunks, so they compute the same arrays."""
-
-    block: int
-    """Chunks end at every multiple of this many ids."""
-    reached: Callable[[CachedModel, int], None]
-    """Called with the model after each chunk that ends at a multiple of `block`."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ from pathlib import Path
 import mlx.core as mx
 
 from macspec.engine import blocks
-from macspec.engine.cached import Boundaries, CachedModel, SavedCache
+from macspec.engine.blocks import Boundaries
+from macspec.engine.cached import CachedModel, SavedCache
 from macspec.engine.taps import Hidden, HiddenRows
 from macspec.prefix.keys import Chain
 from macspec.prefix.store import DiskStore
