@@ -8,7 +8,7 @@ from chatkit import tiny_engine, tiny_pair
 from macspec.chat import session as session_module
 from macspec.chat.session import ChatSession, ContextTrimmed
 from macspec.chat.store import ModelInfo
-from macspec.engine.events import Done, Token
+from macspec.engine.events import Cycle, Done, Token
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
 
@@ -52,7 +52,7 @@ def test_second_turn_prefills_only_the_new_tokens(tok, store):
     assert second.stats.prefilled_tokens == new_tokens < len(prompt) // 2
 
     # The target processed the new tokens once, then one pass per cycle over its guesses.
-    cycles = [e for e in events if not isinstance(e, Token | Done)]
+    cycles = [e for e in events if isinstance(e, Cycle)]
     verified = sum(c.proposed for c in cycles) + len(cycles)
     assert target.fed == new_tokens - 1 + verified
 
