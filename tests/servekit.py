@@ -26,7 +26,8 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 
 def client(server, **kwargs) -> openai.OpenAI:
     kwargs.setdefault("api_key", KEY)
-    return openai.OpenAI(base_url=server.base_url, max_retries=0, timeout=60, **kwargs)
+    kwargs.setdefault("timeout", 60)
+    return openai.OpenAI(base_url=server.base_url, max_retries=0, **kwargs)
 
 
 def post(server, path: str, body, key: str | None = KEY, timeout: float = 30) -> httpx.Response:
