@@ -221,3 +221,16 @@ def test_max_tokens_beyond_the_context_is_clamped_and_says_so(server, expected):
     config = GenerationConfig(max_tokens=32000, context_length=400)
     want = list(engine.generate(expected.prompt(MESSAGES), config))[-1]
     assert reply.content[0].text == want.text and want.finish_reason == "context"
+
+
+def test_claude_codes_billing_block_is_not_in_the_prompt(server):
+    """Its billing block may change with every request: left in, no prompt would share a
+    cached prefix with the one before."""
+    api = claude(server)
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1; cch=1a2b3;"},
+        {"type": "text", "text": "Be brief."},
+    ]
+    with_block = api.messages.count_tokens(model="tiny", system=system, messages=MESSAGES)
+    without = api.messages.count_tokens(model="tiny", system="Be brief.", messages=MESSAGES)
+    assert with_block.input_tokens == without.input_tokens

@@ -68,7 +68,7 @@ class CountRequest(BaseModel):
     def to_turn(self, **settings: Any) -> ChatTurn:
         """The conversation as a ChatTurn (with `settings` for generation)."""
         messages = []
-        system = text_of(self.system, "system") if self.system is not None else ""
+        system = text_of(without_billing(self.system), "system") if self.system else ""
         if system:
             messages.append({"role": "system", "content": system})
         for i, message in enumerate(self.messages):
@@ -130,6 +130,18 @@ def function_tool(spec: ToolSpec) -> dict[str, Any] | None:
     if spec.description:
         function["description"] = spec.description
     return {"type": "function", "function": function}
+
+
+BILLING = "x-anthropic-billing-header:"
+"""Claude Code's first system block: billing metadata for Anthropic's servers, not words for
+the model; it may change with every request, which would defeat the prompt cache."""
+
+
+def without_billing(system: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """The system prompt without Claude Code's billing block."""
+    if isinstance(system, str):
+        return system
+    return [b for b in system if not str(b.get("text", "")).startswith(BILLING)]
 
 
 def text_of(content: str | list[dict[str, Any]] | None, where: str) -> str:
