@@ -313,3 +313,20 @@ def test_sampling_with_each_drafter_has_the_targets_distribution(drafter_kind, m
             Engine(target, IdTokenizer(), drafter(), FixedPolicy(2)), prompt, params, V, 1200
         )
         assert not distribution_matches(wrong, exact)
+
+
+def test_an_mtp_head_drafts_after_the_target_reused_a_prefix_it_never_saw():
+    """Unrelated prompts share their chat template's first ids: the target reuses them from
+    its cache, so their hidden states never reach the head again. It drafts from where the
+    target's hidden states start, rather than not at all (the demo pair's own MTP head)."""
+    from macspec.models.catalog import resolve_models
+    from macspec.models.pairs import open_pair
+    from macspec.models.templates import encode_prompt
+
+    opened = open_pair(resolve_models("demo", None, None), "2", draft="mtp")
+    prompts = ["Add two numbers.", "Return the keys of a dict.", "Parse a date string."]
+    for text in prompts:
+        ids = encode_prompt(opened.tokenizer, text)
+        done = done_of(opened.engine.generate(ids, GenerationConfig(max_tokens=24)))
+        assert done.stats.draft_proposed > 0, text
+    assert done.stats.prefilled_tokens < len(ids)  # the last one did reuse a prefix

@@ -91,14 +91,26 @@ class PairCache:
         """The sequence the head's cache was built from (its pair i used tokens[i + 1])."""
         self.exact = 0
         """Pairs in the head's cache built from the target's hidden states: positions < exact."""
+        self.base = 0
+        """The position of the head cache's first pair: its context starts there when the
+        target's hidden states before it were never handed over (a prefix the target reused
+        from its cache, for an earlier conversation's pairs)."""
         self.hidden = HiddenRows()
         """The target's hidden states by position (as the head reads them), from every pass."""
 
+    @property
+    def position(self) -> int:
+        """The position the head cache's next pair would take."""
+        return self.base + self.cache[0].offset
+
     def _trim(self, pairs: int) -> None:
         held = self.cache[0].offset
-        if held > pairs:
+        keep = max(0, pairs - self.base)
+        if held > keep:
             for layer_cache in self.cache:
-                layer_cache.trim(held - pairs)
+                layer_cache.trim(held - keep)
+        if keep == 0:
+            self.base = min(self.base, pairs)
         self.exact = min(self.exact, pairs)
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -126,8 +138,17 @@ class PairCache:
         n = len(context)
         self.tokens = list(context)
         lo = self.exact
-        if lo > n - 2 or not self.hidden.has(lo, n - 1):
+        if lo > n - 2:
             return None
+        if not self.hidden.has(lo, n - 1):
+            # The target reused a cached prefix whose hidden states this head never got: its
+            # context starts again where the target's hidden states do (rope is relative, so
+            # the pairs it keeps read as they would from further back).
+            lo = self.hidden.covered_from(n - 1)
+            if lo is None or lo > n - 2:
+                return None
+            self._trim(0)
+            self.base = self.exact = lo
         ids = mx.array(list(context[lo + 1 : n]), mx.uint32)
         out = self.head(self.embed(ids), self._read(self.hidden.get(lo, n - 1)), self.cache)
         self.exact = n - 1

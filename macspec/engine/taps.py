@@ -154,6 +154,15 @@ class HiddenRows:
         """One past the last position held."""
         return max((s + r.shape[0] for s, r in self._segments), default=0)
 
+    def covered_from(self, hi: int) -> int | None:
+        """The first position from which every position up to `hi` (excluded) is held; None
+        when position hi - 1 is not."""
+        lo = hi
+        for start, rows in sorted(self._segments, key=lambda x: -(x[0] + x[1].shape[0])):
+            if start < lo <= start + rows.shape[0]:
+                lo = start
+        return lo if lo < hi else None
+
     def has(self, lo: int, hi: int) -> bool:
         """Whether every position in [lo, hi) is held."""
         at = lo

@@ -154,7 +154,7 @@ def _head_tree(drafter: MTPDrafter, context, shape: Shape, scorer: Scorer) -> Tr
         table = mx.concatenate(outputs, axis=0)
         parents = mx.array([shape.rows[shape.parents[i] + 1] for i in nodes], mx.int32)
         hidden = drafter._feedback(table[parents])
-        positions, visible = levels.place(depth, nodes, drafter.cache[0].offset)
+        positions, visible = levels.place(depth, nodes, drafter.position)
         with treeattn.tree_pass(drafter.cache, positions, visible):
             step = drafter.head(drafter.embed(ids.astype(mx.uint32)), hidden, drafter.cache)
         outputs.append(step)
