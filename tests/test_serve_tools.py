@@ -16,6 +16,7 @@ from toolkit import AGENT_CALLS, save_tool_draft, save_tool_model
 from macspec.chat.pairs import open_models
 from macspec.engine.loop import GenerationConfig
 from macspec.models.catalog import resolve_models
+from macspec.serve.anthropic_schema import MessagesRequest
 from macspec.serve.backend import Backend, Defaults
 from macspec.serve.schema import ChatCompletionRequest
 from macspec.serve.server import ServerThread
@@ -116,14 +117,20 @@ def test_tool_choice_none_required_and_named(server):
     assert (
         not plain.choices[0].message.tool_calls and plain.choices[0].finish_reason != "tool_calls"
     )
-    named = api.chat.completions.create(
-        model="tool-model",
-        messages=ASK,
-        tools=[WEATHER, CLOCK],
-        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    # A named function: the prompt ends with the call's opening, naming it; the model fills in
+    # the rest. This tiny model was never trained to go on from there, so its continuation does
+    # not parse: that comes back as text (one log line), not an error.
+    named = dict(
+        tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_time"}}
     )
-    (call,) = named.choices[0].message.tool_calls
-    assert call.function.name == "get_time"  # the opening names it; the model fills the rest
+    request = ChatCompletionRequest(model="tool-model", messages=ASK, **named)
+    prepared = server.backend.prepare_turn(request.to_turn())
+    assert prepared.forced == '<tool_call>\n{"name": "get_time", "arguments": '
+    rendered = server.backend.tokenizer.decode(prepared.prompt)
+    assert rendered.endswith("<|im_start|>assistant\n" + prepared.forced)
+    answered = api.chat.completions.create(model="tool-model", messages=ASK, **named)
+    assert not answered.choices[0].message.tool_calls
+    assert "<tool_call>" not in answered.choices[0].message.content
     forced = api.chat.completions.create(
         model="tool-model", messages=ASK, tools=[WEATHER], tool_choice="required"
     )
@@ -217,7 +224,17 @@ def test_anthropic_tool_choice_any_tool_and_no_parallel(server):
         tools=[ANTHROPIC_TOOL, clock],
         tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
     )
-    assert [b.name for b in named.content if b.type == "tool_use"] == ["get_time"]
+    # The prompt opens the named call; the tiny model does not go on from a forced opening, so
+    # the answer is text without tag text. No parallel calls: the end tag is a stop.
+    request = MessagesRequest.model_validate(
+        dict(model="tool-model", max_tokens=64, messages=ASK, tools=[ANTHROPIC_TOOL, clock],
+             tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True})
+    )  # fmt: skip
+    prepared = server.backend.prepare_turn(request.to_turn())
+    assert prepared.forced.endswith('{"name": "get_time", "arguments": ')
+    assert not prepared.parallel_tool_calls and "</tool_call>" in prepared.config.stop_strings
+    assert not [b for b in named.content if b.type == "tool_use"]
+    assert all("<tool_call>" not in b.text for b in named.content)
     forced = api.messages.create(
         model="tool-model", max_tokens=64, messages=ASK, tools=[ANTHROPIC_TOOL],
         tool_choice={"type": "any"},

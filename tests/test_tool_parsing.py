@@ -79,6 +79,14 @@ CASES = [
         'A{"name": "ls", "arguments": {tail',
         [("ls", {})],
     ),
+    (  # a call cut off by a new start tag (a forced opening the model did not continue): the
+        # cut one is text, the new one a call, and no tag text in the content
+        JSON_TOOLS,
+        None,
+        '<tool_call>\n{"name": "ls", "arguments": ' + qwen3_call("ls", {"path": "."}),
+        '{"name": "ls", "arguments":',
+        [("ls", {"path": "."})],
+    ),
     (  # thinking first, then calls; a call cut by the end of the answer is parsed as it is
         JSON_TOOLS,
         False,

@@ -93,11 +93,16 @@ class TaggedCalls:
                     self.after_call = False
                 self.held, text = text[len(text) - keep :], ""
             else:
-                searched = max(0, len(self.body) - len(end))
+                searched = max(0, len(self.body) - max(len(end), len(start)))
                 self.body += text
                 text = ""
                 at = self.body.find(end, searched) if end else -1
-                if at >= 0:
+                # A start tag before the end tag: the open call was cut off, a new one begins.
+                again = self.body.find(start, searched, at if at >= 0 else None)
+                if again >= 0:
+                    text = self.body[again:]
+                    out.extend(self._close(self.body[:again]))
+                elif at >= 0:
                     text = self.body[at + len(end) :]
                     out.extend(self._close(self.body[:at]))
         return out
