@@ -3,6 +3,7 @@ fixtures of tests/ and on the demo pair.
 
     python scripts/tree_figures.py                 # fixtures and the demo pair, greedy
     python scripts/tree_figures.py --only demo --temps 0,0.7
+    python scripts/tree_figures.py --only eagle3 --temps 0,0.7   # EAGLE-3 heads (tests' kind)
 
 Every greedy output is checked against mlx-lm's target-only greedy (generate_step); a seeded
 sampled run (the coupled rule) against plain decoding with the same seed. One engine serves all
@@ -30,12 +31,14 @@ from treekit import OracleBlock, mtp_head  # noqa: E402
 
 from macspec.engine.dflash import DFlashDrafter  # noqa: E402
 from macspec.engine.drafters import ModelDrafter  # noqa: E402
+from macspec.engine.eagle3 import Eagle3Drafter  # noqa: E402
 from macspec.engine.loop import Engine, GenerationConfig  # noqa: E402
 from macspec.engine.mtp import MTPDrafter  # noqa: E402
 from macspec.engine.policy import FixedPolicy  # noqa: E402
 from macspec.engine.sampling import SamplingParams  # noqa: E402
 from macspec.engine.treepolicy import make_tree_policy  # noqa: E402
 from macspec.models.drafters import load_dflash  # noqa: E402
+from macspec.models.eagle3 import load_eagle3  # noqa: E402
 
 
 def measure(make_engine, prompts, wants, max_tokens, temp, sampler=None):
@@ -128,6 +131,22 @@ def fixtures(root: Path, tok, args):
             yield f"qwen3, block marginals {sharp:g} sharp, {how}", qwen3, make, force
 
 
+def eagle3_heads(root: Path):
+    """EAGLE-3 heads made from near-bigram targets (tests/eagle3kit.py: 200 of 260 ids in the
+    draft vocabulary), exact and noisy, on a llama and a qwen3."""
+    import eagle3kit as kit
+
+    taps = (0, 1, 3)
+    for kind, make_target in (("llama", kit.llama_target), ("qwen3", kit.qwen3_target)):
+        target = make_target()
+        for noise in (0.0, 0.3):
+            weights = kit.constructed(target, taps, noise=noise)
+            folder = kit.save_folder(target, root / f"eagle3-{kind}-{noise}", weights, taps)
+            head = load_eagle3(folder, kit.target_config(target))
+            label = f"{kind}, EAGLE-3 head (noise {noise:g})"
+            yield label, target, lambda h=head, t=target: Eagle3Drafter(h, t), None
+
+
 def demo(args):
     from macspec.models.build import drafter_folders, load_drafters, make_drafter
     from macspec.models.catalog import resolve_models
@@ -193,7 +212,8 @@ def hybrid_pass_cost(repeats: int = 9) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("fixtures", "demo", "hybrid-cost"), default=None)
+    only = ("fixtures", "eagle3", "demo", "hybrid-cost")
+    parser.add_argument("--only", choices=only, default=None)
     parser.add_argument("--temps", default="0")
     parser.add_argument("--sampler", choices=("coupled", "rejection"), default=None)
     parser.add_argument("--depths", default="4")
@@ -212,11 +232,14 @@ def main() -> None:
     root = Path(tempfile.mkdtemp())
     tiny.write_tokenizer(root / "tok")
     tok = tiny.tokenizer(root / "tok")
-    if args.only != "demo":
-        prompts = [tok.encode(p) for p in PROMPTS]
+    prompts = [tok.encode(p) for p in PROMPTS]
+    if args.only in (None, "fixtures"):
         for label, target, make, force in fixtures(root, tok, args):
             rows_for(label, target, make, prompts, args.max_tokens, args, tok, force=force)
-    if args.only != "fixtures":
+    if args.only in (None, "eagle3"):
+        for label, target, make, force in eagle3_heads(root):
+            rows_for(label, target, make, prompts, args.max_tokens, args, tok, force=force)
+    if args.only in (None, "demo"):
         for label, loaded, prompts, make, _ in demo(args):
             rows_for(
                 label, loaded.target, make, prompts, args.demo_tokens, args, loaded.tokenizer,

@@ -51,7 +51,9 @@ def conversation(i: int) -> list[dict]:
 
 def test_concurrent_requests_each_answer_as_alone(server, expected):
     api = client(server, timeout=300)  # six at once on a loaded machine take a while
-    lengths = [16, 7, 12, 16, 5, 9]
+    # The first runs long enough that the others, staggered, surely join it mid-answer (with
+    # short ones all round, a fast machine could finish each before the next arrives).
+    lengths = [120, 7, 12, 16, 5, 9]
     answers: dict[int, object] = {}
 
     def ask(i: int) -> None:

@@ -1,14 +1,16 @@
 """Draft trees (`--draft-tree`): several candidates per position, verified in one target pass.
 
 Greedy output is mlx-lm's target-alone greedy token for token with trees from a draft model,
-an MTP head and a block drafter (DDTree and the measured shape); seeded output is plain
-decoding's with the seed; one target pass per tree; after a tree cycle the caches hold exactly
-the kept path, also in a hybrid target's Gated DeltaNet layers (one state per branch); other
-recurrent targets verify chains and say so.
+an MTP head, an EAGLE-3 head (its draft vocabulary smaller than the target's) and a block
+drafter (DDTree and the measured shape); seeded output is plain decoding's with the seed; one
+target pass per tree; after a tree cycle the caches hold exactly the kept path, also in a hybrid
+target's Gated DeltaNet layers (one state per branch); other recurrent targets verify chains and
+say so.
 """
 
 from __future__ import annotations
 
+import eagle3kit
 import pytest
 import tiny
 from losslesskit import PROMPTS, done_of, passes_of, reference
@@ -16,6 +18,7 @@ from treekit import OracleBlock, mtp_head
 
 from macspec.engine.dflash import DFlashDrafter
 from macspec.engine.drafters import ModelDrafter
+from macspec.engine.eagle3 import Eagle3Drafter
 from macspec.engine.events import Cycle
 from macspec.engine.loop import Engine, GenerationConfig
 from macspec.engine.mtp import MTPDrafter
@@ -23,6 +26,7 @@ from macspec.engine.policy import FixedPolicy
 from macspec.engine.sampling import SamplingParams
 from macspec.engine.treepolicy import make_tree_policy
 from macspec.models.drafters import load_dflash
+from macspec.models.eagle3 import load_eagle3
 
 MAX_TOKENS = 12
 
@@ -37,6 +41,14 @@ def llama():
 def qwen3_mtp():
     target = tiny.near_bigram(tiny.arch_model("qwen3", 0, scale=3.0), mix=0.02)
     return target, mtp_head(target)
+
+
+@pytest.fixture(scope="module")
+def llama_eagle3(tmp_path_factory):
+    target, taps = eagle3kit.llama_target(), (0, 1, 3)
+    weights = eagle3kit.constructed(target, taps, noise=0.3)
+    folder = eagle3kit.save_folder(target, tmp_path_factory.mktemp("eagle3"), weights, taps)
+    return target, load_eagle3(folder, eagle3kit.target_config(target))
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +109,14 @@ def test_mtp_head_trees_are_the_target_alone(tok, qwen3_mtp):
     assert stats["trees"] > 0 and stats["kept"] > 0
 
 
+def test_eagle3_head_trees_are_the_target_alone(tok, llama_eagle3):
+    target, head = llama_eagle3
+    chain = run_all(tok, target, Eagle3Drafter(head, target), size="off")[1]
+    _, tree = run_all(tok, target, Eagle3Drafter(head, target), size="12")
+    assert tree["trees"] > 0 and tree["kept"] > 0
+    assert tree["per_pass"] > chain["per_pass"], (chain, tree)
+
+
 @pytest.mark.parametrize("ddtree", [True, False], ids=["ddtree", "measured shape"])
 def test_block_drafter_trees_are_the_target_alone(tok, qwen3_block, ddtree):
     target, model = qwen3_block
@@ -138,13 +158,18 @@ def test_one_target_pass_per_tree(tok, llama):
     assert any(any(r > 0 for r in c.tree.path_ranks) for c in trees)
 
 
-@pytest.mark.parametrize("drafter_kind", ["model", "mtp", "hybrid mtp"])
+@pytest.mark.parametrize("drafter_kind", ["model", "mtp", "hybrid mtp", "eagle3"])
 def test_seeded_output_with_trees_is_plain_decodings(
-    tok, llama, qwen3_mtp, hybrid_mtp, drafter_kind
+    tok, llama, qwen3_mtp, hybrid_mtp, llama_eagle3, drafter_kind
 ):
-    pairs = {"model": llama, "mtp": qwen3_mtp, "hybrid mtp": hybrid_mtp}
+    pairs = {"model": llama, "mtp": qwen3_mtp, "hybrid mtp": hybrid_mtp, "eagle3": llama_eagle3}
     target, extra = pairs[drafter_kind]
-    drafter = ModelDrafter(extra) if drafter_kind == "model" else MTPDrafter(extra, target)
+    if drafter_kind == "model":
+        drafter = ModelDrafter(extra)
+    elif drafter_kind == "eagle3":
+        drafter = Eagle3Drafter(extra, target)
+    else:
+        drafter = MTPDrafter(extra, target)
     engine = Engine(target, tok, drafter, make_tree_policy("12", FixedPolicy(3)))
     plain = Engine(target, tok)
     trees = 0

@@ -177,6 +177,23 @@ class Eagle3Drafter(PairCache):
         full[:, mx.minimum(self.targets, self.width)] = logits
         return full[:, : self.width]
 
+    def _feedback(self, out: mx.array) -> mx.array:
+        """The hidden state a later step reads: the head's own pre-norm output (fc skipped)."""
+        return out
+
+    def _draft_logits(self, out: mx.array) -> mx.array:
+        """The head's outputs -> logits over the draft vocabulary (the target's, unmapped, cut
+        to the width the engine scores)."""
+        logits = self.lm_head(self.head.norm(out))
+        if self.targets is None:
+            return logits[:, : self.width]
+        return logits if self.scorable is None else mx.where(self.scorable, logits, -mx.inf)
+
+    def step_logits(self, out: mx.array) -> mx.array:
+        """The head's outputs -> logits over the target's ids (-inf where it cannot say one),
+        as a tree scores its candidates."""
+        return self._target_logits(self._draft_logits(out))
+
     def propose(
         self,
         context: Sequence[int],
@@ -191,11 +208,7 @@ class Eagle3Drafter(PairCache):
         out, fed = caught_up
         guesses = []
         for i in range(k):
-            logits = self.lm_head(self.head.norm(out))
-            if self.targets is None:
-                logits = logits[:, : self.width]
-            elif self.scorable is not None:
-                logits = mx.where(self.scorable, logits, -mx.inf)
+            logits = self._draft_logits(out)
             if params.greedy:
                 # The argmax over the draft vocabulary, mapped: the same id as over the target's.
                 token, row = self._to_target(mx.argmax(logits, axis=-1)), logits
@@ -204,6 +217,8 @@ class Eagle3Drafter(PairCache):
                 token = draws(row, i)
             guesses.append((token, row))
             if i + 1 < k:  # the head's own pre-norm output is the next step's hidden state
-                out = self.head(self.embed(token.astype(mx.uint32)), out, self.cache)
+                out = self.head(
+                    self.embed(token.astype(mx.uint32)), self._feedback(out), self.cache
+                )
                 fed += 1
         return device_draft(guesses, params, confidence_floor, k, fed, self.name)

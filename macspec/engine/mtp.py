@@ -171,6 +171,10 @@ class MTPDrafter(PairCache):
         """The hidden state a later step reads: the head's own post-norm output."""
         return out
 
+    def step_logits(self, out: mx.array) -> mx.array:
+        """The head's outputs -> logits over the target's ids."""
+        return self.lm_head(out)[:, : self.vocab_size]
+
     def add_hidden(self, start: int, hidden: Hidden) -> None:
         """Receives each target pass's hidden states (CachedModel's sink)."""
         self.hidden.add(start, hidden.final)
@@ -189,7 +193,7 @@ class MTPDrafter(PairCache):
         out, fed = caught_up
         guesses = []
         for i in range(k):
-            logits = self.lm_head(out)[:, : self.vocab_size]
+            logits = self.step_logits(out)
             if params.greedy:
                 token, row = mx.argmax(logits, axis=-1), logits
             else:

@@ -4,7 +4,9 @@
   grow theirs), each a tree pass of its own over the draft's cache (the nodes see the committed
   ids and their own ancestors), a node's children its top candidates in the draft's order. The
   shape is fixed before drafting, from measured acceptance by rank (`treepolicy`).
-- An MTP head: the same, each inner node fed with its parent's head output as its hidden state.
+- An MTP or EAGLE-3 head: the same, each inner node fed with its parent's head output as its
+  hidden state; an EAGLE-3 head's draft vocabulary mapped onto the target's (q is zero on the
+  ids it cannot say).
 - A DFlash block: one pass gives every position's marginal; the fixed shape filled from them,
   or (greedy and coupled runs) DDTree's best-first tree over them.
 A lookup (or hybrid) drafter has one continuation to offer, so it drafts chains.
@@ -23,6 +25,7 @@ import mlx.core as mx
 from macspec.engine import treeattn
 from macspec.engine.dflash import DFlashDrafter
 from macspec.engine.drafters import ModelDrafter
+from macspec.engine.eagle3 import Eagle3Drafter
 from macspec.engine.mtp import MTPDrafter
 from macspec.engine.sampling import Randomness, SamplingParams
 from macspec.engine.tree import Scorer, Shape, TreeDraft, ddtree, grow
@@ -54,9 +57,10 @@ def no_tree_reason(drafter) -> str | None:
     if isinstance(drafter, ModelDrafter):
         why = treeattn.tree_ready(drafter.state.model, drafter.state.cache)
         return why and f"the draft model {why}"
-    if isinstance(drafter, MTPDrafter):
+    if isinstance(drafter, (MTPDrafter, Eagle3Drafter)):
         why = treeattn.tree_ready(drafter.head, drafter.cache)
-        return why and f"the MTP head {why}"
+        head = "MTP" if isinstance(drafter, MTPDrafter) else "EAGLE-3"
+        return why and f"the {head} head {why}"
     if drafter.name == "lookup":
         return "prompt lookup finds one continuation"
     return f"the {drafter.name} drafter grows no trees"
@@ -85,7 +89,7 @@ def draft_tree(
     scorer = Scorer(params, rng, len(context))
     if isinstance(drafter, DFlashDrafter):
         tree = _block_tree(drafter, context, plan, scorer)
-    elif isinstance(drafter, MTPDrafter):
+    elif isinstance(drafter, (MTPDrafter, Eagle3Drafter)):
         tree = _head_tree(drafter, context, plan.shape, scorer)
     else:
         tree = _model_tree(drafter, context, plan.shape, scorer)
@@ -140,7 +144,9 @@ def _model_tree(drafter: ModelDrafter, context, shape: Shape, scorer: Scorer) ->
     return tree
 
 
-def _head_tree(drafter: MTPDrafter, context, shape: Shape, scorer: Scorer) -> TreeDraft | None:
+def _head_tree(
+    drafter: MTPDrafter | Eagle3Drafter, context, shape: Shape, scorer: Scorer
+) -> TreeDraft | None:
     caught = drafter.catch_up(context)
     if caught is None:
         return None
@@ -159,9 +165,9 @@ def _head_tree(drafter: MTPDrafter, context, shape: Shape, scorer: Scorer) -> Tr
             step = drafter.head(drafter.embed(ids.astype(mx.uint32)), hidden, drafter.cache)
         outputs.append(step)
         fed += len(nodes)
-        return drafter.lm_head(step)[:, : drafter.vocab_size]
+        return drafter.step_logits(step)
 
-    root_logits = drafter.lm_head(out)[:, : drafter.vocab_size]
+    root_logits = drafter.step_logits(out)
     tree = grow(shape, root_logits, scorer, expand)
     tree.steps, tree.fed = shape.depth, fed
     return tree
