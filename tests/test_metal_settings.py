@@ -141,6 +141,48 @@ def test_kv_bits_8_is_mlx_lms_greedy_with_the_same_quantization(tok):
         assert done.stats.draft_accepted < done.stats.draft_proposed  # rollbacks happened
 
 
+def mlx_lm_greedy(target, ids, cache, bits: int, max_tokens: int = 24) -> list[int]:
+    said = []
+    for token, _ in generate_step(
+        mx.array(ids), target, max_tokens=max_tokens, prompt_cache=cache,
+        kv_bits=bits, kv_group_size=32, quantized_kv_start=0,
+    ):  # fmt: skip
+        if token == EOS:
+            break
+        said.append(token)
+    return said
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_reused_prefix_of_a_quantized_cache_is_mlx_lms_answer_on_the_same_cache(tok, bits):
+    """A second prompt sharing a prefix with the first is answered from the first one's
+    quantized cache, trimmed to the shared ids: its new ids attend to the prefix's quantized
+    keys, where a cold prefill of the whole prompt attends to them in full precision (so the
+    two answers may differ: with 4 bits they mostly do). mlx-lm's generate_step on the same
+    trimmed cache gives the answer macspec gives, speculating or not."""
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    target = tiny.random_model(0, tiny.model_args(hidden=128, heads=4, kv_heads=2), scale=3.0)
+    draft = tiny.noisy_copy(target, 0.02, seed=1)
+    options = CacheOptions(kv_bits=bits, kv_group_size=32, quantized_kv_start=0)
+    plain = Engine(target, tok, cache_options=options)
+    drafted = Engine(
+        target, tok, ModelDrafter(draft, options=options), FixedPolicy(3), cache_options=options
+    )
+    first = tok.encode("The quick brown fox jumps over the lazy dog")
+    for tail in [" and the cat", " twice, then sleeps", ". def f(x): return x"]:
+        second = first + tok.encode(tail)
+        cache = make_prompt_cache(target)
+        mlx_lm_greedy(target, first, cache, bits)
+        trim_prompt_cache(cache, cache[0].offset - len(first))  # back to `first`
+        want = mlx_lm_greedy(target, second[len(first) :], cache, bits)
+        for engine in (plain, drafted):
+            list(engine.generate(first, GenerationConfig(max_tokens=24)))
+            done = list(engine.generate(second, GenerationConfig(max_tokens=24)))[-1]
+            assert done.stats.cached_tokens == len(first)
+            assert done.tokens == want
+
+
 @pytest.mark.parametrize("bad", [dict(kv_bits=3), dict(kv_group_size=48), dict(max_kv_size=0)])
 def test_bad_cache_options_are_user_errors(bad):
     with pytest.raises(MacspecError):
