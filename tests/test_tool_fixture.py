@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
+import toolkit
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import load_model
-
-from tests import toolkit
 
 WEATHER = toolkit._function(
     "get_weather",
