@@ -81,3 +81,27 @@ def test_the_bench_runs_trees_beside_the_chains():
 class _Summary:
     def __init__(self, config):
         self.config = config
+
+
+def test_serve_says_the_trees_size_in_its_figures_and_log_line(folders, caplog):
+    import logging
+
+    from servekit import client
+
+    from macspec.models.catalog import resolve_models
+    from macspec.models.pairs import open_pair
+    from macspec.serve.backend import Backend, Defaults
+    from macspec.serve.server import ServerThread
+
+    resolved = resolve_models(None, str(folders["target"]), str(folders["draft"]))
+    opened = open_pair(resolved, "3", draft_tree="12")
+    backend = Backend(
+        opened.engine, opened.tokenizer, "tiny", context_length=400,
+        defaults=Defaults(max_tokens=24), k=3,
+    )  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="macspec.serve"), ServerThread(backend) as server:
+        reply = client(server, api_key="x").completions.create(model="tiny", prompt="hello world")
+    figures = reply.model_extra["macspec"]
+    assert figures["tree_cycles"] > 0 and figures["tree_nodes_per_cycle"] == 12
+    assert figures["tree_note"] is None
+    assert any("trees of 12.0 nodes in " in r.getMessage() for r in caplog.records)

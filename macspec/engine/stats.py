@@ -179,6 +179,15 @@ def token_count(n: int) -> str:
     return f"{n} token{'' if n == 1 else 's'}"
 
 
+def tree_text(stats: Stats) -> str | None:
+    """How the draft trees went (`--draft-tree`), or why chains were verified; None: no trees
+    were asked for."""
+    if stats.tree_cycles:
+        return (f"trees of {stats.tree_nodes / stats.tree_cycles:.1f} nodes in "
+                f"{stats.tree_cycles} of {stats.target_passes} passes")  # fmt: skip
+    return stats.tree_note
+
+
 def summary_line(stats: Stats, finish_reason: str) -> str:
     """The short summary printed after an answer."""
     parts = [token_count(stats.generated_tokens)]
@@ -194,11 +203,9 @@ def summary_line(stats: Stats, finish_reason: str) -> str:
         parts.append(stats.plain_reason)
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
-    if stats.tree_cycles:
-        parts.append(f"trees of {stats.tree_nodes / stats.tree_cycles:.1f} nodes in "
-                     f"{stats.tree_cycles} of {stats.target_passes} passes")  # fmt: skip
-    elif stats.tree_note:
-        parts.append(stats.tree_note)
+    trees = tree_text(stats)
+    if trees:
+        parts.append(trees)
     if stats.drafter_choice:
         parts.append(f"--draft auto: {stats.drafter_choice}")
     if stats.cached_tokens:

@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from macspec.engine.events import Done, Prefill, Token
-from macspec.engine.stats import sources_line
+from macspec.engine.stats import sources_line, tree_text
 from macspec.serve.backend import Backend, Prepared
 from macspec.serve.errors import APIError
 from macspec.serve.worker import Failed, Job, QueueFull
@@ -198,6 +198,9 @@ def log_done(
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
     if stats.rows_per_pass is not None and stats.rows_per_pass > 1:
         parts.append(f"{stats.rows_per_pass:.1f} requests per pass")
+    trees = tree_text(stats)
+    if trees:
+        parts.append(trees)
     parts.append(f"ttft {stats.ttft_s:.2f}s")
     parts.append(f"queued {queued_s(job):.2f}s")
     if stats.disk_written_bytes:  # SSD wear, visible: a prefix cached already writes nothing
