@@ -118,19 +118,25 @@ def test_tool_choice_none_required_and_named(server):
         not plain.choices[0].message.tool_calls and plain.choices[0].finish_reason != "tool_calls"
     )
     # A named function: the prompt ends with the call's opening, naming it; the model fills in
-    # the rest. This tiny model was never trained to go on from there, so its continuation does
-    # not parse: that comes back as text (one log line), not an error.
+    # the arguments (this tiny model, with the ones it knows).
     named = dict(
         tools=[WEATHER, CLOCK], tool_choice={"type": "function", "function": {"name": "get_time"}}
     )
     request = ChatCompletionRequest(model="tool-model", messages=ASK, **named)
     prepared = server.backend.prepare_turn(request.to_turn())
-    assert prepared.forced == '<tool_call>\n{"name": "get_time", "arguments": '
-    rendered = server.backend.tokenizer.decode(prepared.prompt)
+    assert prepared.forced == '<tool_call>\n{"name": "get_time", "arguments":'
+    tokenizer = server.backend.tokenizer
+    rendered = tokenizer.decode(prepared.prompt)
     assert rendered.endswith("<|im_start|>assistant\n" + prepared.forced)
+    # The opening ends where the whole call's tokens have a boundary: the model goes on from
+    # ids it has seen before arguments, not from a lone space.
+    whole = tokenizer.encode(
+        rendered + ' {"city": "Paris"}}\n</tool_call>', add_special_tokens=False
+    )
+    assert whole[: len(prepared.prompt)] == prepared.prompt
     answered = api.chat.completions.create(model="tool-model", messages=ASK, **named)
-    assert not answered.choices[0].message.tool_calls
-    assert "<tool_call>" not in answered.choices[0].message.content
+    (call,) = answered.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and answered.choices[0].finish_reason == "tool_calls"
     forced = api.chat.completions.create(
         model="tool-model", messages=ASK, tools=[WEATHER], tool_choice="required"
     )
@@ -224,17 +230,17 @@ def test_anthropic_tool_choice_any_tool_and_no_parallel(server):
         tools=[ANTHROPIC_TOOL, clock],
         tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True},
     )
-    # The prompt opens the named call; the tiny model does not go on from a forced opening, so
-    # the answer is text without tag text. No parallel calls: the end tag is a stop.
+    # The prompt opens the named call. No parallel calls: the end tag is a stop, and the
+    # answer ends as a call (no stop sequence).
     request = MessagesRequest.model_validate(
         dict(model="tool-model", max_tokens=64, messages=ASK, tools=[ANTHROPIC_TOOL, clock],
              tool_choice={"type": "tool", "name": "get_time", "disable_parallel_tool_use": True})
     )  # fmt: skip
     prepared = server.backend.prepare_turn(request.to_turn())
-    assert prepared.forced.endswith('{"name": "get_time", "arguments": ')
+    assert prepared.forced.endswith('{"name": "get_time", "arguments":')
     assert not prepared.parallel_tool_calls and "</tool_call>" in prepared.config.stop_strings
-    assert not [b for b in named.content if b.type == "tool_use"]
-    assert all("<tool_call>" not in b.text for b in named.content)
+    assert [b.name for b in named.content if b.type == "tool_use"] == ["get_time"]
+    assert (named.stop_reason, named.stop_sequence) == ("tool_use", None)
     forced = api.messages.create(
         model="tool-model", max_tokens=64, messages=ASK, tools=[ANTHROPIC_TOOL],
         tool_choice={"type": "any"},

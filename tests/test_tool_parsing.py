@@ -193,9 +193,9 @@ def test_without_tools_the_text_is_untouched():
 
 def test_a_forced_opening_is_continued_by_the_answer():
     opening = JSON_TOOLS.opening("get_weather")
-    assert opening == '<tool_call>\n{"name": "get_weather", "arguments": '
+    assert opening == '<tool_call>\n{"name": "get_weather", "arguments":'
     stream = AnswerStream(None, JSON_TOOLS, TOOLS, forced=opening)
-    stream.feed('{"city": "Nice"}}\n</tool_call>')
+    stream.feed(' {"city": "Nice"}}\n</tool_call>')
     stream.finish()
     assert stream.text == "" and stream.calls[0].arguments == {"city": "Nice"}
     harmony = "<|channel|>commentary to=functions.ls <|constrain|>json<|message|>"

@@ -64,14 +64,16 @@ class ToolFormat:
     def opening(self, name: str | None) -> str:
         """Text that makes the answer start with a call (`tool_choice` 'required', or a named
         function): the start tag, and the name where this format puts it first."""
+        # No space after the last colon: BPE tokenizers fold it into what follows (' {"'),
+        # and a lone space token is a boundary the model never saw before its arguments.
         if name is not None and self.name == "json_tools":
-            return f'{self.start}\n{{"name": {json.dumps(name)}, "arguments": '
+            return f'{self.start}\n{{"name": {json.dumps(name)}, "arguments":'
         if name is not None and self.name == "qwen3_coder":
             return f"{self.start}\n<function={name}>\n"
         if name is not None and self.name == "harmony":
             return f"{self.start}{name} <|constrain|>json<|message|>"
         if self.name == "llama3_json":
-            return '{"name": ' + (f'{json.dumps(name)}, "parameters": ' if name else "")
+            return '{"name": ' + (f'{json.dumps(name)}, "parameters":' if name else "")
         return self.start
 
 

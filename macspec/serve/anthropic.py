@@ -75,6 +75,12 @@ def stop_reason(done: Done, called: bool) -> str:
     return "stop_sequence" if done.finish_reason == "stop_string" else "end_turn"
 
 
+def stop_sequence(done: Done, called: bool) -> str | None:
+    """The client's stop sequence that ended the answer; None otherwise (also when the stop was
+    a call's end tag, with parallel calls off: the answer ended as a call)."""
+    return done.stop_string if stop_reason(done, called) == "stop_sequence" else None
+
+
 def tool_use_id(raw: str) -> str:
     return raw if raw.startswith("toolu_") else f"toolu_{raw}"
 
@@ -109,7 +115,7 @@ class MessagesRenderer:
             "model": self.model,
             "content": content,
             "stop_reason": stop_reason(done, called) if done is not None else None,
-            "stop_sequence": done.stop_string if done is not None else None,
+            "stop_sequence": stop_sequence(done, called) if done is not None else None,
             "usage": usage,
         }
 
@@ -132,7 +138,7 @@ class MessagesRenderer:
             "type": "message_delta",
             "delta": {
                 "stop_reason": stop_reason(done, bool(self.answer.calls)),
-                "stop_sequence": done.stop_string,
+                "stop_sequence": stop_sequence(done, bool(self.answer.calls)),
             },
             "usage": self.usage(cached, len(done.tokens) + done.stats.end_tokens),
             "macspec": figures(self.meta, done, queued_s),
