@@ -95,10 +95,38 @@ def test_serve_end_to_end_and_a_stop_drains(folders, tmp_path, stop):
             process.kill()
     text = log.read_text()
     assert "server stopped" in text and "Traceback" not in text
+    assert "stopping: finishing 1 answer in flight" in text
     assert re.search(r"POST /v1/chat/completions 200 · \d+ prompt .* 120 tokens", text)
     assert "POST /v1/chat/completions 413" in text
     with pytest.raises(httpx.ConnectError):
         httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
+
+
+def test_a_second_ctrl_c_cuts_the_answers_short_and_exits_cleanly(folders, tmp_path):
+    process, url, log = start(folders, tmp_path, "-k", "2")
+    try:
+        api = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+        ask = dict(
+            model=str(folders[0]),
+            messages=[{"role": "user", "content": "prompt number 0"}],
+            max_tokens=280,
+        )
+        api.chat.completions.create(**{**ask, "max_tokens": 2})  # kernels compiled (see above)
+        stream = api.chat.completions.create(**ask, stream=True)
+        chunks = [next(stream), next(stream)]
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        chunks += list(stream)  # ends, cut short, without an error
+        assert chunks[-1].choices[0].finish_reason is not None
+        assert len(chunks) < 200
+        assert process.wait(30) == 0, log.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    assert "stopping now: cutting short the answers in flight" in text
+    assert "server stopped" in text and "Traceback" not in text and "terminate" not in text
 
 
 def test_a_taken_port_is_said_before_the_model_loads(folders, capsys, monkeypatch):

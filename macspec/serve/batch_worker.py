@@ -113,6 +113,9 @@ class BatchWorker(Worker):
                 job.cancel_flag.set()
         super().stop(timeout)
 
+    def _jobs(self) -> list[Job]:
+        return [*super()._jobs(), *self.rows]
+
     # -- the worker thread -----------------------------------------------------------------
     def _run(self) -> None:
         try:

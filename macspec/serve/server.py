@@ -59,6 +59,36 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, saying what a stop waits for. The first Ctrl-C (or SIGTERM) stops
+    accepting and lets the answers in flight finish; the second cancels them, so each ends at
+    once as 'cancelled' and the shutdown completes cleanly; only a third forces uvicorn out."""
+
+    def __init__(self, config: uvicorn.Config, backend: Backend):
+        super().__init__(config)
+        self.backend = backend
+        self.signals = 0
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.signals += 1
+        worker = self.backend.worker
+        if self.signals == 1:
+            busy = worker.generating + worker.waiting
+            if busy:
+                answers = "answer" if busy == 1 else "answers"
+                limit = self.config.timeout_graceful_shutdown
+                print(f"macspec: stopping: finishing {busy} {answers} in flight (up to "
+                      f"{limit:.0f} s; Ctrl-C again cuts them short)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+        elif self.signals == 2:
+            print("macspec: stopping now: cutting short the answers in flight", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            worker.cancel_all()
+            self._captured_signals.append(sig)
+            return
+        super().handle_exit(sig, frame)
+
+
 def make_server(backend: Backend, api_key: str | None, drain_s: float = DRAIN_S):
     config = uvicorn.Config(
         make_app(backend, api_key),
@@ -67,7 +97,7 @@ def make_server(backend: Backend, api_key: str | None, drain_s: float = DRAIN_S)
         timeout_graceful_shutdown=drain_s,
         lifespan="on",
     )
-    return uvicorn.Server(config)
+    return DrainingServer(config, backend)
 
 
 def setup_logging() -> None:

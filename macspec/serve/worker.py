@@ -126,6 +126,18 @@ class Worker:
             if job in self._waiting:
                 self._waiting.remove(job)
 
+    def cancel_all(self) -> None:
+        """Stop every request, waiting or generating (a second Ctrl-C): each ends at once, as
+        'cancelled', and the server can finish shutting down."""
+        with self._lock:
+            for job in self._jobs():
+                job.cancel_flag.set()
+            self._lock.notify()
+
+    def _jobs(self) -> list[Job]:
+        """The requests this worker holds (with its lock held)."""
+        return [*self._waiting, *([self._running] if self._running is not None else [])]
+
     @property
     def waiting(self) -> int:
         return len(self._waiting)
