@@ -127,6 +127,18 @@ BAD = [
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "stream": "yes"}, 400, "stream"),
     (
         "/chat/completions",
+        {"model": "tiny", "messages": MESSAGES, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+    ),
+    (
+        "/chat/completions",
+        {"model": "tiny", "messages": MESSAGES, "tool_choice": "required"},
+        400,
+        "tools",
+    ),
+    (
+        "/chat/completions",
         {"model": "tiny", "messages": [{"role": "user", "content": None}]},
         400,
         "messages.0",

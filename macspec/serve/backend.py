@@ -170,6 +170,8 @@ class Backend:
         """The tool format the answer is parsed with (None: none); a 400 for tools this model
         cannot call, or a tool_choice naming a tool the request does not have."""
         if not turn.calls_tools:
+            if turn.tool_choice.mode in ("required", "function"):
+                raise APIError(400, "tool_choice asks for a call, but there are no tools", "tools")
             return None
         if self.tool_format is None:
             raise APIError(

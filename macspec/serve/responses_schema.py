@@ -4,7 +4,8 @@ into a ChatTurn.
 Input items: messages (`input_text` / `output_text` parts, or a string), `function_call`,
 `function_call_output` and `reasoning` items. Function tools only: other tool types (web
 search, a hosted shell...) are not offered to the model, with one log line. Fields this schema
-does not know (`store`, `include`, `prompt_cache_key`, `text`...) are accepted and ignored.
+does not know (`store`, `include`, `prompt_cache_key`...) are accepted and ignored; a
+structured `text.format` and `background` are a 400.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from macspec.serve.errors import APIError
+from macspec.serve.schema import NO_STRUCTURED_OUTPUT
 from macspec.serve.turn import ChatTurn, ToolChoice
 
 log = logging.getLogger("macspec.serve")
@@ -57,6 +59,17 @@ class ResponsesRequest(BaseModel):
     previous_response_id: str | None = None
     store: bool | None = None
     metadata: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None
+    background: bool | None = None
+
+    def unsupported(self) -> APIError | None:
+        """The first field set to something macspec cannot do, as a 400."""
+        kind = ((self.text or {}).get("format") or {}).get("type", "text")
+        if kind != "text":
+            return APIError(400, NO_STRUCTURED_OUTPUT.format(kind=kind), "text.format")
+        if self.background:
+            return APIError(400, "background responses are not supported", "background")
+        return None
 
     def function_tools(self) -> list[dict[str, Any]]:
         """The function tools, in the chat templates' shape; a `namespace` tool's functions
@@ -77,6 +90,9 @@ class ResponsesRequest(BaseModel):
 
     def to_turn(self, history: list[dict[str, Any]] | None = None) -> ChatTurn:
         """The request as a ChatTurn; `history`: the messages of `previous_response_id`."""
+        problem = self.unsupported()
+        if problem is not None:
+            raise problem
         messages: list[dict[str, Any]] = []
         if self.instructions:
             messages.append({"role": "system", "content": self.instructions})

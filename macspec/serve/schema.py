@@ -19,6 +19,12 @@ from macspec.serve.turn import ChatTurn, ToolChoice
 MAX_STOPS = 16
 
 
+NO_STRUCTURED_OUTPUT = (
+    "a {kind} answer format is not supported: macspec does not constrain decoding (ask for "
+    "JSON in the prompt, or use a tool)"
+)
+
+
 class Request(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
@@ -181,6 +187,7 @@ class ChatCompletionRequest(Request):
     functions: list[Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra chat template arguments, e.g. {"enable_thinking": false}."""
+    response_format: dict[str, Any] | None = None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -192,6 +199,9 @@ class ChatCompletionRequest(Request):
             return APIError(
                 400, "the legacy 'functions' are not supported: send 'tools'", "functions"
             )
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            return APIError(400, NO_STRUCTURED_OUTPUT.format(kind=kind), "response_format")
         return super().unsupported()
 
     def to_turn(self) -> ChatTurn:
