@@ -39,6 +39,27 @@ def test_bad_flags_are_one_line_errors(capsys, folders):
     assert main(["serve", "--model", str(folders[0]), "--port", "70000"]) == 2
     assert "--port" in capsys.readouterr().err
     assert main(["serve", "--model", str(folders[0]), "--draft", "nope"]) == 2
+    assert main(["serve", "--model", str(folders[0]), "--context-length", "1"]) == 2
+    assert "--context-length must be >= 2" in capsys.readouterr().err
+
+
+def test_the_context_length_can_be_set(folders, tmp_path):
+    """The target's config says 300 positions; --context-length 60 makes a 100-token prompt
+    too long, and one past the model's window is said in a warning."""
+    process, url, log = start(folders, tmp_path, "--context-length", "60")
+    try:
+        api = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+        ask = dict(model=str(folders[0]), messages=[{"role": "user", "content": "x" * 100}])
+        with pytest.raises(openai.APIStatusError) as too_long:
+            api.chat.completions.create(**ask)
+        assert too_long.value.status_code == 413 and "60" in too_long.value.message
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    process, url, log = start(folders, tmp_path, "--context-length", "4096")
+    process.send_signal(signal.SIGTERM)
+    process.wait(30)
+    assert "--context-length 4096 is beyond the model's 300 positions" in log.read_text()
 
 
 def start(folders, tmp_path, *flags: str):

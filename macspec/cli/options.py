@@ -72,6 +72,16 @@ DraftSource = Annotated[
         "kind, else lookup].",
     ),
 ]
+ServeDraftSource = Annotated[
+    str | None,
+    typer.Option(
+        "--draft",
+        help="Where guesses come from: 'model', 'lookup', 'hybrid', 'mtp', 'dflash', 'eagle3' "
+        "(as for run) or 'auto' (each cycle, the drafter that promises the most tokens per "
+        "second: lookup over the whole conversation beside the pair's drafters) [default: "
+        "auto].",
+    ),
+]
 Stop = Annotated[
     list[str] | None,
     typer.Option("--stop", help="Stop when this text appears (repeatable); it is not printed."),

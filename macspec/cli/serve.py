@@ -26,7 +26,7 @@ def serve(
         typer.Option(
             "--api-key",
             envvar="MACSPEC_API_KEY",
-            help="Require this key from clients (Authorization: Bearer KEY).",
+            help="Require this key from clients (as a bearer token, or in x-api-key).",
         ),
     ] = None,
     insecure: Annotated[
@@ -36,7 +36,8 @@ def serve(
     max_queue: Annotated[
         int,
         typer.Option(
-            "--max-queue", help="Requests that may wait while one generates; more get a 429."
+            "--max-queue",
+            help="Requests that may wait for a place in the batch; more get a 429.",
         ),
     ] = 32,
     prompt_cache: Annotated[
@@ -71,19 +72,29 @@ def serve(
     ] = 512,
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
-    draft: opt.DraftSource = None,
+    draft: opt.ServeDraftSource = None,
     draft_tree: opt.DraftTree = None,
     think: opt.Think = None,
     chat_template_args: opt.ChatTemplateArgs = None,
     disk_cache_gb: opt.DiskCacheGb = 10.0,
     disk_cache_dir: opt.DiskCacheDir = None,
+    context: Annotated[
+        int | None,
+        typer.Option(
+            "--context-length",
+            metavar="N",
+            help="Most tokens per request, prompt and answer together (agents need 16k and "
+            "more) [default: the pair's, else the target's max_position_embeddings].",
+        ),
+    ] = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible API, with speculative decoding.
 
     Routes: /v1/chat/completions and /v1/completions (OpenAI), /v1/responses (OpenAI's
     Responses API, Codex CLI), /v1/messages and /v1/messages/count_tokens (Anthropic's
     Messages API, Claude Code), /v1/models, /health. Tool calls are rendered and parsed in the
-    model's own format. One generation at a time; requests wait in a bounded queue.
+    model's own format. Up to --max-batch requests decode together; more wait in a bounded
+    queue.
 
     Sampling flags are the defaults for requests that leave them out.
 
@@ -120,6 +131,8 @@ def serve(
         fail(f"--max-batch must be between 1 and 64, got {max_batch}")
     if max_tokens < 1:
         fail(f"--max-tokens must be >= 1, got {max_tokens}")
+    if context is not None and context < 2:
+        fail(f"--context-length must be >= 2, got {context}")
     SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p)  # checks ranges
     args = template_args(think, chat_template_args)
     disk = opt.disk_cache(disk_cache_gb, disk_cache_dir)
@@ -138,7 +151,7 @@ def serve(
         max_batch = (1 if where else 8) if max_batch is None else max_batch
         served = serve_models(
             resolved, (num_draft_tokens, no_draft, draft, draft_tree), where, defaults,
-            (host, port, api_key, max_queue, prompt_cache, any_model, max_batch), disk,
+            (host, port, api_key, max_queue, prompt_cache, any_model, max_batch, context), disk,
         )  # fmt: skip
     if served is not None:
         fail(f"{served}")
@@ -156,7 +169,7 @@ def serve_models(
     from macspec.serve.ranks import Leader, follow
     from macspec.serve.server import bind, run_server
 
-    host, port, api_key, max_queue, prompt_cache, any_model, max_batch = listen
+    host, port, api_key, max_queue, prompt_cache, any_model, max_batch, context = listen
     serving = not where or where["group"].rank() == 0
     # The port first: a taken one is said at once, not after minutes of loading a big model.
     sock = bind(host, port) if serving else None
@@ -192,7 +205,7 @@ def serve_models(
         engine,
         loaded.tokenizer,
         model_id,
-        context_length=loaded.context_length,
+        context_length=context_window(context, loaded.context_length),
         defaults=defaults,
         aliases=aliases,
         k=int(k) if str(k).isdigit() else k,
@@ -219,6 +232,19 @@ def serve_models(
         fatal = leader.stop()
     print("macspec: server stopped", file=sys.stderr)
     return fatal
+
+
+def context_window(asked: int | None, model: int | None) -> int | None:
+    """--context-length, else the model's own window; past the model's, a warning."""
+    if asked is None:
+        return model
+    if model is not None and asked > model:
+        print(
+            f"macspec: warning: --context-length {asked} is beyond the model's {model} "
+            "positions; answers past them may lose coherence",
+            file=sys.stderr,
+        )
+    return asked
 
 
 def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
