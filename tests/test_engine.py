@@ -93,8 +93,13 @@ def test_self_draft_accepts_everything_and_makes_k_plus_one_per_pass(
         assert done.stats.target_passes == cycles
         assert done.stats.accepted_histogram[k] == cycles
         assert done.sources == ([Source.DRAFT] * k + [Source.TARGET]) * cycles
+        # The decode rate counts only what came after the first token's pass.
+        assert done.stats.steady_tokens == (k + 1) * (cycles - 1)
         checked += 1
     assert checked >= 10
+    # Every token from the first pass: no rate to speak of (it read thousands of tok/s).
+    done, _ = run(engine, prompt_ids[0], max_tokens=k + 1)
+    assert done.stats.target_passes == 1 and done.stats.decode_tokens_per_s is None
 
 
 def test_plain_decoding_is_mlx_lm_greedy(tok, target, prompt_ids, references):

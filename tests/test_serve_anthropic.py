@@ -4,6 +4,7 @@ Anthropic's shape with the server answering afterwards, and a thinking budget.""
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import anthropic
@@ -137,7 +138,8 @@ def errors(server):
 
 
 @pytest.mark.parametrize("case", range(6))
-def test_every_error_is_anthropics_shape_and_the_server_goes_on(server, case):
+def test_every_error_is_anthropics_shape_and_the_server_goes_on(server, case, caplog):
+    caplog.set_level(logging.INFO, logger="macspec.serve")
     kind, status, body = errors(server)[case]
     headers = {"x-api-key": "wrong" if status == 401 else KEY}
     content = body if isinstance(body, str) else None
@@ -152,6 +154,8 @@ def test_every_error_is_anthropics_shape_and_the_server_goes_on(server, case):
     assert reply.json()["type"] == "error" and reply.json()["error"]["type"] == kind
     if status == 400 and "w w" in str(body):
         assert reply.json()["error"]["message"].startswith("prompt is too long")
+        # The log line says the status the client got (OpenAI's routes send a 413 for it).
+        assert any("/v1/messages 400" in r.getMessage() for r in caplog.records)
     if status == 400 and "image" in str(body):
         assert "images are not supported" in reply.json()["error"]["message"]
     still_answers(server)

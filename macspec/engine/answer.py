@@ -59,6 +59,8 @@ class AnswerState:
         self.started = time.perf_counter()
         self.first_at: float | None = None
         self.last_at: float | None = None
+        self.first_pass = 0
+        """The target pass that brought the first token (its other ids came at no extra time)."""
         self.any_requested = False  # whether the policy ever asked the drafter for guesses
 
     def cycle(self, cycle: Cycle) -> None:
@@ -71,6 +73,9 @@ class AnswerState:
         self.last_at = time.perf_counter()
         if self.first_at is None:
             self.first_at = self.last_at
+            self.first_pass = self.stats.target_passes
+        elif token not in self.eos_ids and self.stats.target_passes != self.first_pass:
+            self.stats.steady_tokens += 1  # ids the first token's pass did not bring
         if token in self.eos_ids:
             self.finish = "stop"
             self.stats.end_tokens = 1

@@ -57,6 +57,8 @@ class Stats:
     """Seconds from the start to the first token (prefill included)."""
     decode_s: float = 0.0
     """Seconds from the first token to the last."""
+    steady_tokens: int = 0
+    """Generated tokens from passes after the one that brought the first token."""
     elapsed_s: float = 0.0
     """Seconds for the whole generation."""
     prefill_s: float = 0.0
@@ -110,10 +112,11 @@ class Stats:
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Tokens after the first over the time after the first: the steady decode rate."""
-        if self.generated_tokens < 2 or self.decode_s <= 0:
+        """Tokens after the first pass's over the time after the first token: the steady
+        decode rate (None when every token came with the first: no rate to speak of)."""
+        if self.steady_tokens < 1 or self.decode_s <= 0:
             return None
-        return (self.generated_tokens - 1) / self.decode_s
+        return self.steady_tokens / self.decode_s
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -10,15 +10,14 @@ models). Fields this schema does not know (`cache_control`, `context_management`
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from macspec.serve.errors import APIError
+from macspec.serve.notes import log_once
 from macspec.serve.turn import ChatTurn, ToolChoice
 
-log = logging.getLogger("macspec.serve")
 MAX_STOPS = 16
 
 
@@ -122,9 +121,8 @@ def function_tool(spec: ToolSpec) -> dict[str, Any] | None:
     """A client tool in OpenAI's function shape, as chat templates read it; None for
     Anthropic's server tools (web search, code execution...), which a local model cannot run."""
     if spec.input_schema is None:
-        log.info(
-            "tool '%s' (%s) has no input_schema: not offered to the model", spec.name, spec.type
-        )
+        kind = f" ({spec.type})" if spec.type else ""
+        log_once(f"tool '{spec.name}'{kind} has no input_schema: not offered to the model")
         return None
     function: dict[str, Any] = {"name": spec.name, "parameters": spec.input_schema}
     if spec.description:

@@ -67,8 +67,9 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        log_line(request, exc.status, exc.message)
-        return error_response(request, exc)
+        response = error_response(request, exc)
+        log_line(request, response.status_code, exc.message)  # the status the client got
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

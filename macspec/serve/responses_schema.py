@@ -11,16 +11,14 @@ structured `text.format` and `background` are a 400.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from macspec.serve.errors import APIError
+from macspec.serve.notes import log_once
 from macspec.serve.schema import NO_STRUCTURED_OUTPUT
 from macspec.serve.turn import ChatTurn, ToolChoice
-
-log = logging.getLogger("macspec.serve")
 
 EFFORT_OFF = ("none", "minimal")
 """`reasoning.effort` values that turn a thinking model's reasoning off."""
@@ -77,7 +75,7 @@ class ResponsesRequest(BaseModel):
         tools = []
         for tool in flat_tools(self.tools or []):
             if tool.get("type") != "function" or not tool.get("name"):
-                log.info("tool of type '%s' is not a function: not offered", tool.get("type"))
+                log_once(f"tool of type '{tool.get('type')}' is not a function: not offered")
                 continue
             function = {
                 "name": tool["name"],
