@@ -172,6 +172,8 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, path, bod
     assert error["message"] and "Traceback" not in error["message"]
     if param is not None:
         assert error["param"] == param
+    if "image_url" in str(body):
+        assert "image_url is not supported: macspec serves text models" in error["message"]
     still_answers(server)
 
 

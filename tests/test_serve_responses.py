@@ -23,6 +23,7 @@ def test_create_and_stream_answer_as_greedy_decoding_does(server, expected):
     )
     assert whole.output_text == want.text
     assert whole.status == ("incomplete" if want.finish_reason == "length" else "completed")
+    assert whole.output[-1].status == whole.status  # the message, cut by the limit or not
     assert whole.usage.input_tokens == len(expected.prompt(CHAT))
     assert whole.usage.output_tokens == len(want.tokens) + want.stats.end_tokens
     events = list(
@@ -46,6 +47,7 @@ def test_create_and_stream_answer_as_greedy_decoding_does(server, expected):
     assert done.text == want.text
     last = events[-1].response
     assert last.output[0].content[0].text == want.text
+    assert last.output[0].status == whole.status
     assert last.usage.input_tokens_details.cached_tokens > 0  # the same prompt, again
     order = [k for k in kinds if "output_item" in k or "content_part" in k]
     assert order == [

@@ -40,6 +40,10 @@ async def parse(request: Request, schema: type[Body]) -> Body:
         raise APIError(400, message, param) from None
 
 
+MEDIA_PARTS = {"image_url", "input_audio", "file", "image", "input_image", "input_file"}
+"""Content part types of images, audio and files: a text model cannot take them."""
+
+
 def describe(exc: RequestValidationError | ValidationError) -> tuple[str, str | None]:
     """A validation error as one message and the offending parameter, OpenAI-style."""
     errors = exc.errors()
@@ -52,5 +56,8 @@ def describe(exc: RequestValidationError | ValidationError) -> tuple[str, str | 
     param = ".".join(where) or None
     if first.get("type") == "missing":
         return f"missing required parameter: '{param}'", param
+    kind = first.get("input")
+    if where and where[-1] == "type" and kind in MEDIA_PARTS:
+        return f"{param}: {kind} is not supported: macspec serves text models", param
     message = first.get("msg", "invalid value")
     return (f"invalid '{param}': {message}" if param else message), param

@@ -148,8 +148,8 @@ class ResponseRenderer:
 
     def closing(self, done: Done, queued_s: float) -> list[str]:
         out = self._pieces(self.answer.feed(done.tail) + self.answer.finish())
-        out += self._close()
         status = status_of(done)
+        out += self._close(status)
         final = self.response(status, done)
         final["macspec"] = figures(self.meta, done, queued_s)
         self._kept()
@@ -234,7 +234,9 @@ class ResponseRenderer:
             )
         return out
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
+        """End the open item: a message cut by the token limit is 'incomplete', as its
+        response is."""
         if self.open is None:
             return []
         kind, self.open = self.open, None
@@ -244,7 +246,7 @@ class ResponseRenderer:
         if kind == "reasoning":
             out = [self._event("response.reasoning_text.done", **ids, text=part["text"])]
         else:
-            item["status"] = "completed"
+            item["status"] = status
             out = [
                 self._event("response.output_text.done", **ids, text=part["text"], logprobs=[]),
                 self._event("response.content_part.done", **ids, part=_copy(part)),
@@ -298,7 +300,7 @@ class ResponseRenderer:
                 {
                     "type": "message",
                     "id": new_id("msg"),
-                    "status": "completed",
+                    "status": status_of(done),
                     "role": "assistant",
                     "content": [part],
                 }
