@@ -117,6 +117,9 @@ def test_tool_choice_none_required_and_named(server):
     assert (
         not plain.choices[0].message.tool_calls and plain.choices[0].finish_reason != "tool_calls"
     )
+    # This model calls anyway: that call is text, without its tags.
+    assert "<tool_call>" not in plain.choices[0].message.content
+    assert "get_weather" in plain.choices[0].message.content
     # A named function: the prompt ends with the call's opening, naming it; the model fills in
     # the arguments (this tiny model, with the ones it knows).
     named = dict(

@@ -218,3 +218,15 @@ def test_history_arguments_become_objects_for_the_template():
         "tool_calls": [{"id": "1", "function": {"name": "ls", "arguments": '{"p": 1}'}}],
     }
     assert history_message(message)["tool_calls"][0]["function"]["arguments"] == {"p": 1}
+
+
+def test_calls_as_text_drop_their_tags():
+    """tool_choice 'none' with tools: a call the model makes anyway is text, tags dropped."""
+    text = "Sure. " + qwen3_call("ls", {"path": "."}) + " done"
+    for size in (1, 3, 7):
+        stream = AnswerStream(None, JSON_TOOLS, None, calls_as_text=True)
+        for at in range(0, len(text), size):
+            stream.feed(text[at : at + size])
+        stream.finish()
+        assert not stream.calls and "tool_call" not in stream.text
+        assert '"name": "ls"' in stream.text and stream.text.startswith("Sure.")

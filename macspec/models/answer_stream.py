@@ -57,9 +57,11 @@ class TaggedCalls:
     """Calls between a start and an end tag (Qwen3, Qwen3.5, Gemma 4, GLM, Kimi, Mistral...),
     several per answer, text around them. Whitespace next to a call is not content."""
 
-    def __init__(self, fmt: ToolFormat, tools: list[dict] | None = None):
+    def __init__(self, fmt: ToolFormat, tools: list[dict] | None = None, as_text: bool = False):
         self.fmt = fmt
         self.tools = tools
+        self.as_text = as_text
+        """Calls come back as their text, tags dropped (tool_choice 'none': none are wanted)."""
         self.inside = False
         self.held = ""
         """Text kept back: a possible start of the start tag, or whitespace next to a call."""
@@ -109,6 +111,9 @@ class TaggedCalls:
 
     def _close(self, body: str) -> list[Piece]:
         self.inside, self.body = False, ""
+        if self.as_text:
+            self.after_call = False
+            return [Text(body.strip())] if body.strip() else []
         try:
             calls = self.fmt.parse(body, self.tools)
         except ValueError as exc:
@@ -172,7 +177,8 @@ class AnswerStream:
     `reasoning_start`: as `models.reasoning.reasoning_start` says for the prompt (None: no
     think tags). `fmt` and `tools`: the model's tool-call format and the request's tools; calls
     are parsed only with both. `forced`: text the prompt already ends with to open a call
-    (`ToolFormat.opening`): the answer continues it.
+    (`ToolFormat.opening`): the answer continues it. `calls_as_text` (with `fmt`, no tools):
+    calls the model makes anyway come back as text, their tags dropped.
     """
 
     def __init__(
@@ -181,6 +187,7 @@ class AnswerStream:
         fmt: ToolFormat | None = None,
         tools: list[dict] | None = None,
         forced: str = "",
+        calls_as_text: bool = False,
     ):
         self.harmony = None
         self.splitter = None
@@ -195,6 +202,8 @@ class AnswerStream:
             if fmt is not None and tools:
                 kind = LeadingJsonCalls if not fmt.start else TaggedCalls
                 self.calls_parser = kind(fmt, tools)
+            elif fmt is not None and fmt.start and calls_as_text:
+                self.calls_parser = TaggedCalls(fmt, None, as_text=True)
         self.reasoning = ""
         self.text = ""
         self.calls: list[ToolCall] = []

@@ -62,10 +62,15 @@ class Prepared:
     thinking_budget: ThinkingBudget | None = None
     """At most this much reasoning (a model with think tags, when the request set one)."""
 
+    calls_as_text: bool = False
+    """tool_choice 'none' with tools: a call the model makes anyway is text, tags dropped."""
+
     def answer_stream(self) -> AnswerStream:
         """A fresh parser for this request's answer: reasoning, text and tool calls apart."""
         tools = self.tools if self.tool_format is not None else None
-        return AnswerStream(self.reasoning_start, self.tool_format, tools, self.forced)
+        return AnswerStream(
+            self.reasoning_start, self.tool_format, tools, self.forced, self.calls_as_text
+        )
 
 
 class Backend:
@@ -142,7 +147,12 @@ class Backend:
         budget = None
         if turn.thinking_budget is not None and start is not None and not forced:
             budget = ThinkingBudget(turn.thinking_budget, inside=start)
-        return Prepared(prompt, config, start, fmt, tools, forced, turn.parallel_tool_calls, budget)
+        as_text = fmt is None and bool(turn.tools) and turn.tool_choice.mode == "none"
+        if as_text:
+            fmt = self.tool_format  # the model's calls, if it makes any, are parsed as text
+        return Prepared(
+            prompt, config, start, fmt, tools, forced, turn.parallel_tool_calls, budget, as_text
+        )
 
     def render_turn(self, turn: ChatTurn) -> tuple[list[int], bool | None, ToolFormat | None, str]:
         """(prompt ids, reasoning start, the tool format calls are parsed with, the forced
