@@ -217,6 +217,7 @@ def test_ctrl_c_during_run_ends_the_line_then_a_stats_line_exit_130(models):
     assert (first + rest).endswith(b"\n")
     lines = err.decode().strip().splitlines()
     assert lines[-1].endswith(" · interrupted") and " tokens · " in lines[-1]
+    assert " tok/s" in lines[-1]  # the rate so far
     assert "Traceback" not in err.decode()
 
 

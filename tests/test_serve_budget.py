@@ -72,3 +72,6 @@ def test_the_reasoning_is_closed_at_the_budget(setup, batched):
     assert streamed == done.text
     assert len(done.tokens) <= config.max_tokens
     assert done.stats.generated_tokens == len(done.tokens)
+    # The two parts' figures join: a decode rate over all but the first token's pass.
+    assert done.stats.steady_tokens == len(done.tokens) - 1  # plain decoding: one per pass
+    assert done.stats.decode_tokens_per_s is not None

@@ -123,8 +123,14 @@ def test_serve_end_to_end_and_a_stop_drains(folders, tmp_path, stop):
         httpx.get(url.removesuffix("/v1") + "/health", timeout=2)
 
 
-def test_a_second_ctrl_c_cuts_the_answers_short_and_exits_cleanly(folders, tmp_path):
-    process, url, log = start(folders, tmp_path, "-k", "2")
+@pytest.mark.parametrize("batch", ["8", "1"])
+def test_a_second_ctrl_c_cuts_the_answers_short_and_exits_cleanly(folders, tmp_path, batch):
+    """Mid-answer, with a second request waiting its turn where requests go one at a time: the
+    answer ends cut short, the waiting one gets a 503, and the server exits cleanly."""
+    import threading
+
+    process, url, log = start(folders, tmp_path, "-k", "2", "--max-batch", batch)
+    waited: list = []
     try:
         api = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
         ask = dict(
@@ -135,12 +141,27 @@ def test_a_second_ctrl_c_cuts_the_answers_short_and_exits_cleanly(folders, tmp_p
         api.chat.completions.create(**{**ask, "max_tokens": 2})  # kernels compiled (see above)
         stream = api.chat.completions.create(**ask, stream=True)
         chunks = [next(stream), next(stream)]
+
+        def wait_in_line() -> None:
+            try:
+                waited.append(api.chat.completions.create(**ask))
+            except openai.APIStatusError as exc:
+                waited.append(exc.status_code)
+
+        second = threading.Thread(target=wait_in_line)
+        second.start()
+        time.sleep(0.3)  # queued (one at a time) or batched in
         process.send_signal(signal.SIGINT)
         time.sleep(0.05)
         process.send_signal(signal.SIGINT)
         chunks += list(stream)  # ends, cut short, without an error
         assert chunks[-1].choices[0].finish_reason is not None
         assert len(chunks) < 200
+        second.join(30)
+        if batch == "1":
+            assert waited == [503]  # it never started: "the server is shutting down"
+        else:
+            assert waited and not isinstance(waited[0], int)  # batched in, then cut short
         assert process.wait(30) == 0, log.read_text()
     finally:
         if process.poll() is None:

@@ -237,6 +237,7 @@ class Tally:
         elif isinstance(event, Token):
             now = time.perf_counter()
             self._first = now if self._first is None else self._first
+            self.stats.steady_tokens = self.stats.generated_tokens  # all after the first
             self.stats.generated_tokens += 1
             self.stats.ttft_s = self._first - self._started
             self.stats.decode_s = now - self._first

@@ -181,7 +181,9 @@ class Backend:
         cannot call, or a tool_choice naming a tool the request does not have."""
         if not turn.calls_tools:
             if turn.tool_choice.mode in ("required", "function"):
-                raise APIError(400, "tool_choice asks for a call, but there are no tools", "tools")
+                raise APIError(
+                    400, "tool_choice asks for a call, but no function tool was sent", "tools"
+                )
             return None
         if self.tool_format is None:
             raise APIError(

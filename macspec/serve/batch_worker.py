@@ -187,6 +187,8 @@ class BatchWorker(Worker):
         if job.started_at is None:
             job.started_at = time.perf_counter()
         self.rows[job] = row
+        if self._stopping:  # taken from the queue just as the server was told to stop now
+            job.cancel_flag.set()
 
     def _cancel_check(self, job: Job, holder: list[Row]) -> Callable[[], bool]:
         """What ends the row early: its client gone, or its thinking budget spent."""

@@ -22,7 +22,7 @@ from macspec.engine.events import Done, Prefill, Token
 from macspec.engine.stats import sources_line, tree_text
 from macspec.serve.backend import Backend, Prepared
 from macspec.serve.errors import APIError
-from macspec.serve.worker import Failed, Job, QueueFull
+from macspec.serve.worker import Failed, Job, QueueFull, ShuttingDown
 
 log = logging.getLogger("macspec.serve")
 
@@ -107,6 +107,8 @@ async def whole_response(
         if not isinstance(event, (Done, Failed)):  # gone, or the server is stopping
             backend.worker.cancel(job)
     if isinstance(event, Failed):
+        if isinstance(event.error, ShuttingDown):
+            raise APIError(503, f"{event.error}; retry later", None, "shutting_down")
         raise APIError(500, "the generation failed (see the server log)")
     body = renderer.whole(event, queued_s(job))
     log_done(request, 200, job, prompt_tokens, renderer.summary())
@@ -138,10 +140,16 @@ async def stream_events(
                 log_done(request, 200, job, prompt_tokens, renderer.summary())
                 return
             else:  # Failed: the status is sent already; the clients raise on this event
-                for chunk in renderer.failed("the generation failed (see the server log)"):
+                stopping = isinstance(event.error, ShuttingDown)
+                why = str(event.error) if stopping else "the generation failed (see the server log)"
+                for chunk in renderer.failed(why):
                     yield chunk
                 finished = True
-                log_line(request, 500, "generation failed mid-stream")
+                log_line(
+                    request,
+                    503 if stopping else 500,
+                    why if stopping else "generation failed mid-stream",
+                )
                 return
     finally:
         if not finished:

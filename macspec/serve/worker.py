@@ -35,6 +35,10 @@ class QueueFull(Exception):
     """No room in the queue for another request."""
 
 
+class ShuttingDown(Exception):
+    """A request still waiting when the server was told to stop now."""
+
+
 @dataclass(frozen=True)
 class Failed:
     """The generation raised: the last event of a job, instead of a Done."""
@@ -127,9 +131,15 @@ class Worker:
                 self._waiting.remove(job)
 
     def cancel_all(self) -> None:
-        """Stop every request, waiting or generating (a second Ctrl-C): each ends at once, as
-        'cancelled', and the server can finish shutting down."""
+        """Stop every request (a second Ctrl-C), so the server can finish shutting down: those
+        generating end at once, as 'cancelled'; those waiting get 'the server is shutting
+        down'; new ones are refused."""
         with self._lock:
+            self._stopping = True
+            for job in self._waiting:
+                job.cancel_flag.set()
+                job.post(Failed(ShuttingDown("the server is shutting down")))
+            self._waiting.clear()
             for job in self._jobs():
                 job.cancel_flag.set()
             self._lock.notify()
