@@ -79,6 +79,13 @@ CASES = [
         'A{"name": "ls", "arguments": {tail',
         [("ls", {})],
     ),
+    (  # arguments that hold a tag's text (a file being written): one call, parsed whole
+        JSON_TOOLS,
+        None,
+        qwen3_call("write", {"text": "say <tool_call> here"}),
+        "",
+        [("write", {"text": "say <tool_call> here"})],
+    ),
     (  # a call cut off by a new start tag (a forced opening the model did not continue): the
         # cut one is text, the new one a call, and no tag text in the content
         JSON_TOOLS,

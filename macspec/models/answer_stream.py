@@ -48,9 +48,18 @@ def partial_suffix(text: str, tag: str) -> int:
 
 
 def unparsed(fmt: ToolFormat, body: str, reason: str) -> list[Piece]:
-    """A call that does not parse: its text, without the tags, and one log line."""
+    """A call that does not parse: its text, without the tags (also any inside it), and one
+    log line."""
     log.warning("a %s tool call did not parse (%s); sent as text", fmt.name, reason)
+    body = without_tags(fmt, body)
     return [Text(body)] if body else []
+
+
+def without_tags(fmt: ToolFormat, body: str) -> str:
+    """A call's text with the format's tags taken out, stripped."""
+    for tag in (fmt.start, fmt.end):
+        body = body.replace(tag, "") if tag else body
+    return body.strip()
 
 
 class TaggedCalls:
@@ -95,16 +104,11 @@ class TaggedCalls:
                     self.after_call = False
                 self.held, text = text[len(text) - keep :], ""
             else:
-                searched = max(0, len(self.body) - max(len(end), len(start)))
+                searched = max(0, len(self.body) - len(end))
                 self.body += text
                 text = ""
                 at = self.body.find(end, searched) if end else -1
-                # A start tag before the end tag: the open call was cut off, a new one begins.
-                again = self.body.find(start, searched, at if at >= 0 else None)
-                if again >= 0:
-                    text = self.body[again:]
-                    out.extend(self._close(self.body[:again]))
-                elif at >= 0:
+                if at >= 0:
                     text = self.body[at + len(end) :]
                     out.extend(self._close(self.body[:at]))
         return out
@@ -113,10 +117,25 @@ class TaggedCalls:
         self.inside, self.body = False, ""
         if self.as_text:
             self.after_call = False
-            return [Text(body.strip())] if body.strip() else []
+            text = without_tags(self.fmt, body)
+            return [Text(text)] if text else []
         try:
             calls = self.fmt.parse(body, self.tools)
         except ValueError as exc:
+            # A start tag inside a call that does not parse: the call was cut off there and a
+            # new one began (a forced opening the model did not go on from). One whose
+            # arguments merely hold the tag's text parses whole, above, and stays one call.
+            again = body.rfind(self.fmt.start)
+            if again >= 0:
+                try:
+                    calls = self.fmt.parse(body[again + len(self.fmt.start) :], self.tools)
+                except ValueError:
+                    pass
+                else:
+                    head = unparsed(self.fmt, body[:again].strip(), str(exc))
+                    self.calls_made += len(calls)
+                    self.after_call = True
+                    return [*head, *(Call(c) for c in calls)]
             self.after_call = False
             return unparsed(self.fmt, body.strip(), str(exc))
         self.calls_made += len(calls)
