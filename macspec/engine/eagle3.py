@@ -21,7 +21,6 @@ Weight names follow the speculators format (and mlx-vlm's `eagle3` drafter).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +29,6 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
-from macspec.engine.drafters import Draft, device_draft
 from macspec.engine.mtp import PairCache, embedding_and_head
 from macspec.engine.sampling import Draws, SamplingParams, probabilities
 from macspec.engine.taps import Hidden, HiddenSpec
@@ -177,10 +175,6 @@ class Eagle3Drafter(PairCache):
         full[:, mx.minimum(self.targets, self.width)] = logits
         return full[:, : self.width]
 
-    def _feedback(self, out: mx.array) -> mx.array:
-        """The hidden state a later step reads: the head's own pre-norm output (fc skipped)."""
-        return out
-
     def _draft_logits(self, out: mx.array) -> mx.array:
         """The head's outputs -> logits over the draft vocabulary (the target's, unmapped, cut
         to the width the engine scores)."""
@@ -194,31 +188,10 @@ class Eagle3Drafter(PairCache):
         as a tree scores its candidates."""
         return self._target_logits(self._draft_logits(out))
 
-    def propose(
-        self,
-        context: Sequence[int],
-        k: int,
-        params: SamplingParams,
-        draws: Draws | None,
-        confidence_floor: float | None,
-    ) -> Draft:
-        caught_up = self.catch_up(context)  # pairs (t_{i+1}, g_i) not in the cache yet
-        if caught_up is None:
-            return Draft(tokens=[], source=self.name)  # nothing to draft from
-        out, fed = caught_up
-        guesses = []
-        for i in range(k):
-            logits = self._draft_logits(out)
-            if params.greedy:
-                # The argmax over the draft vocabulary, mapped: the same id as over the target's.
-                token, row = self._to_target(mx.argmax(logits, axis=-1)), logits
-            else:
-                row = probabilities(self._target_logits(logits), params)
-                token = draws(row, i)
-            guesses.append((token, row))
-            if i + 1 < k:  # the head's own pre-norm output is the next step's hidden state
-                out = self.head(
-                    self.embed(token.astype(mx.uint32)), self._feedback(out), self.cache
-                )
-                fed += 1
-        return device_draft(guesses, params, confidence_floor, k, fed, self.name)
+    def _guess(self, out: mx.array, params: SamplingParams, draws: Draws | None, i: int):
+        logits = self._draft_logits(out)
+        if params.greedy:
+            # The argmax over the draft vocabulary, mapped: the same id as over the target's.
+            return self._to_target(mx.argmax(logits, axis=-1)), logits
+        row = probabilities(self._target_logits(logits), params)
+        return draws(row, i), row

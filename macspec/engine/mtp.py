@@ -154,30 +154,16 @@ class PairCache:
         self.exact = n - 1
         return out[-1:], n - 1 - lo
 
-
-class MTPDrafter(PairCache):
-    """Guesses with the target's MTP head, from the target's own final hidden states."""
-
-    name = "mtp"
-    needs = HiddenSpec(final=True)
-
-    def __init__(self, head: MTPHead, target: nn.Module, vocab_size: int | None = None):
-        super().__init__(len(head.layers))
-        self.head = head
-        self.embed, self.lm_head = embedding_and_head(target)
-        self.vocab_size = vocab_size
-
     def _feedback(self, out: mx.array) -> mx.array:
-        """The hidden state a later step reads: the head's own post-norm output."""
+        """The hidden state a later step reads: the head's own output (an MTP head's after its
+        norm, an EAGLE-3 head's before it, skipping fc)."""
         return out
 
-    def step_logits(self, out: mx.array) -> mx.array:
-        """The head's outputs -> logits over the target's ids."""
-        return self.lm_head(out)[:, : self.vocab_size]
-
-    def add_hidden(self, start: int, hidden: Hidden) -> None:
-        """Receives each target pass's hidden states (CachedModel's sink)."""
-        self.hidden.add(start, hidden.final)
+    def _guess(
+        self, out: mx.array, params: SamplingParams, draws: Draws | None, i: int
+    ) -> tuple[mx.array, mx.array]:
+        """(guessed target id, the row the verifier reads) from the head's output."""
+        raise NotImplementedError
 
     def propose(
         self,
@@ -193,16 +179,37 @@ class MTPDrafter(PairCache):
         out, fed = caught_up
         guesses = []
         for i in range(k):
-            logits = self.step_logits(out)
-            if params.greedy:
-                token, row = mx.argmax(logits, axis=-1), logits
-            else:
-                row = probabilities(logits, params)
-                token = draws(row, i)
-            guesses.append((token, row))
+            guesses.append(self._guess(out, params, draws, i))
             if i + 1 < k:  # the head's own output is the next step's hidden state
-                out = self.head(
-                    self.embed(token.astype(mx.uint32)), self._feedback(out), self.cache
-                )
+                token = guesses[-1][0].astype(mx.uint32)
+                out = self.head(self.embed(token), self._feedback(out), self.cache)
                 fed += 1
         return device_draft(guesses, params, confidence_floor, k, fed, self.name)
+
+
+class MTPDrafter(PairCache):
+    """Guesses with the target's MTP head, from the target's own final hidden states."""
+
+    name = "mtp"
+    needs = HiddenSpec(final=True)
+
+    def __init__(self, head: MTPHead, target: nn.Module, vocab_size: int | None = None):
+        super().__init__(len(head.layers))
+        self.head = head
+        self.embed, self.lm_head = embedding_and_head(target)
+        self.vocab_size = vocab_size
+
+    def step_logits(self, out: mx.array) -> mx.array:
+        """The head's outputs -> logits over the target's ids."""
+        return self.lm_head(out)[:, : self.vocab_size]
+
+    def add_hidden(self, start: int, hidden: Hidden) -> None:
+        """Receives each target pass's hidden states (CachedModel's sink)."""
+        self.hidden.add(start, hidden.final)
+
+    def _guess(self, out: mx.array, params: SamplingParams, draws: Draws | None, i: int):
+        logits = self.step_logits(out)
+        if params.greedy:
+            return mx.argmax(logits, axis=-1), logits
+        row = probabilities(logits, params)
+        return draws(row, i), row
