@@ -107,14 +107,8 @@ class BatchWorker(Worker):
     def busy(self) -> bool:
         return bool(self.rows)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        with self._lock:
-            for job in self.rows:
-                job.cancel_flag.set()
-        super().stop(timeout)
-
-    def _jobs(self) -> list[Job]:
-        return [*super()._jobs(), *self.rows]
+    def _generating(self) -> list[Job]:
+        return list(self.rows)
 
     # -- the worker thread -----------------------------------------------------------------
     def _run(self) -> None:

@@ -140,13 +140,13 @@ class Worker:
                 job.cancel_flag.set()
                 job.post(Failed(ShuttingDown("the server is shutting down")))
             self._waiting.clear()
-            for job in self._jobs():
+            for job in self._generating():
                 job.cancel_flag.set()
             self._lock.notify()
 
-    def _jobs(self) -> list[Job]:
-        """The requests this worker holds (with its lock held)."""
-        return [*self._waiting, *([self._running] if self._running is not None else [])]
+    def _generating(self) -> list[Job]:
+        """The requests generating now (with the lock held)."""
+        return [self._running] if self._running is not None else []
 
     @property
     def waiting(self) -> int:
@@ -169,14 +169,7 @@ class Worker:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what is left (waiting and running) and end the thread."""
-        with self._lock:
-            self._stopping = True
-            for job in self._waiting:
-                job.cancel_flag.set()
-            self._waiting.clear()
-            if self._running is not None:
-                self._running.cancel_flag.set()
-            self._lock.notify()
+        self.cancel_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
