@@ -179,3 +179,20 @@ def quantized(model: nn.Module) -> nn.Module:
     nn.quantize(model, group_size=32, bits=4)
     mx.eval(model.parameters())
     return model
+
+
+def three_of_five_pair(taps=(0, 1, 3)) -> tuple[nn.Module, Eagle3Head]:
+    """A qwen3 target over 5 ids and a sharp random EAGLE-3 head that can say 3 of them (draft
+    ids 0, 1, 2 -> target ids 0, 2, 4): q is 0 at ids 1 and 3, where the target still puts
+    mass. For the sampling rules' exact-distribution tests."""
+    vocab = 5
+    small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    target = tiny.arch_model("qwen3", 11, scale=4.0, vocab=vocab, **small)
+    layer = dict(small, intermediate_size=64, rms_norm_eps=1e-6, vocab_size=vocab)
+    layer["num_hidden_layers"] = 1
+    config = Eagle3Config(layer, tuple(taps), target_hidden_size=32, draft_vocab_size=3)
+    mx.random.seed(12)
+    head = Eagle3Head(config)
+    head.update(tiny.tree_map(lambda w: w * 3.0 if w.ndim == 2 else w, head.parameters()))
+    head.d2t = mx.array([0, 1, 2], mx.int32)
+    return target, head

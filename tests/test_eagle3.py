@@ -181,14 +181,7 @@ def test_sampling_with_a_smaller_draft_vocabulary_has_the_targets_distribution(m
     from test_sampling import IdTokenizer, distribution_matches
 
     V = 5
-    small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    target = tiny.arch_model("qwen3", 11, scale=4.0, vocab=V, **small)
-    layer = dict(small, intermediate_size=64, rms_norm_eps=1e-6, vocab_size=V, num_hidden_layers=1)
-    config = Eagle3Config(layer, TAPS, target_hidden_size=32, draft_vocab_size=3)
-    mx.random.seed(12)
-    head = Eagle3Head(config)
-    head.update(tiny.tree_map(lambda w: w * 3.0 if w.ndim == 2 else w, head.parameters()))
-    head.d2t = mx.array([0, 1, 2], mx.int32)  # draft ids 0, 1, 2 -> target ids 0, 2, 4
+    target, head = kit.three_of_five_pair(TAPS)
 
     def engine():
         return Engine(target, IdTokenizer(), Eagle3Drafter(head, target), FixedPolicy(2))

@@ -63,16 +63,11 @@ def test_tree_sampling_has_the_targets_joint_distribution(monkeypatch):
 def test_tree_sampling_with_a_smaller_draft_vocabulary_has_the_targets_distribution():
     """An EAGLE-3 head that can say 3 of the 5 ids (q is 0 at ids 1 and 3, where the target
     still puts mass), in trees of 5 nodes, 2 deep: the target's distribution, exactly."""
-    from macspec.engine.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+    from eagle3kit import three_of_five_pair
 
-    small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    target = tiny.arch_model("qwen3", 11, scale=4.0, vocab=V, **small)
-    layer = dict(small, intermediate_size=64, rms_norm_eps=1e-6, vocab_size=V, num_hidden_layers=1)
-    config = Eagle3Config(layer, (0, 1, 1), target_hidden_size=32, draft_vocab_size=3)
-    mx.random.seed(12)
-    head = Eagle3Head(config)
-    head.update(tiny.tree_map(lambda w: w * 3.0 if w.ndim == 2 else w, head.parameters()))
-    head.d2t = mx.array([0, 1, 2], mx.int32)  # draft ids 0, 1, 2 -> target ids 0, 2, 4
+    from macspec.engine.eagle3 import Eagle3Drafter
+
+    target, head = three_of_five_pair()
     policy = make_tree_policy("5", FixedPolicy(2))
     engine = Engine(target, IdTokenizer(), Eagle3Drafter(head, target), policy)
     outcomes, trees = [], 0
