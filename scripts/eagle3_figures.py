@@ -26,14 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import eagle3kit as kit  # noqa: E402
 import tiny  # noqa: E402
+from drafter_figures import policies  # noqa: E402  (this folder: the same k, auto, --draft auto)
 from losslesskit import PROMPTS, reference, tally  # noqa: E402
 
 from macspec.bench.theory import predicted_speedup, predicted_tokens_per_pass  # noqa: E402
-from macspec.engine.choice import DrafterChoice  # noqa: E402
 from macspec.engine.eagle3 import Eagle3Drafter  # noqa: E402
-from macspec.engine.lookup import LookupDrafter  # noqa: E402
 from macspec.engine.loop import Engine  # noqa: E402
-from macspec.engine.policy import AutoPolicy, FixedPolicy  # noqa: E402
+from macspec.engine.policy import FixedPolicy  # noqa: E402
 from macspec.models.eagle3 import load_eagle3  # noqa: E402
 
 MAX_TOKENS = 32
@@ -49,14 +48,6 @@ def fixture(kind: str, four_bit: bool, noise: float, folder: Path):
     if four_bit:
         target = kit.quantized(target)
     return target, head
-
-
-def policies(make_drafter):
-    for k in (1, 2, 4):
-        yield f"{k}", make_drafter(), FixedPolicy(k)
-    yield "auto", make_drafter(), AutoPolicy()
-    choice = DrafterChoice([make_drafter(), LookupDrafter()])
-    yield "--draft auto", choice, choice
 
 
 def fixtures_table() -> None:
