@@ -107,12 +107,18 @@ async def whole_response(
         if not isinstance(event, (Done, Failed)):  # gone, or the server is stopping
             backend.worker.cancel(job)
     if isinstance(event, Failed):
-        if isinstance(event.error, ShuttingDown):
-            raise APIError(503, f"{event.error}; retry later", None, "shutting_down")
-        raise APIError(500, "the generation failed (see the server log)")
+        raise failure(event)
     body = renderer.whole(event, queued_s(job))
     log_done(request, 200, job, prompt_tokens, renderer.summary())
     return body
+
+
+def failure(failed: Failed) -> APIError:
+    """What a generation that failed tells its client: a 503 when the server was told to stop
+    before it began, else a 500 (the log has the traceback)."""
+    if isinstance(failed.error, ShuttingDown):
+        return APIError(503, f"{failed.error}; retry later", None, "shutting_down")
+    return APIError(500, "the generation failed (see the server log)")
 
 
 async def stream_events(
@@ -140,16 +146,11 @@ async def stream_events(
                 log_done(request, 200, job, prompt_tokens, renderer.summary())
                 return
             else:  # Failed: the status is sent already; the clients raise on this event
-                stopping = isinstance(event.error, ShuttingDown)
-                why = str(event.error) if stopping else "the generation failed (see the server log)"
-                for chunk in renderer.failed(why):
+                error = failure(event)
+                for chunk in renderer.failed(error.message):
                     yield chunk
                 finished = True
-                log_line(
-                    request,
-                    503 if stopping else 500,
-                    why if stopping else "generation failed mid-stream",
-                )
+                log_line(request, error.status, f"mid-stream: {error.message}")
                 return
     finally:
         if not finished:
