@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
 from toolkit import agent_request, save_tool_draft, save_tool_model  # noqa: E402
 
-from macspec.engine.loop import GenerationConfig  # noqa: E402
+from macspec.engine.generate.loop import GenerationConfig  # noqa: E402
 from macspec.models.catalog import resolve_models  # noqa: E402
 from macspec.models.pairs import open_pair  # noqa: E402
 from macspec.serve.backend import Backend, Defaults  # noqa: E402

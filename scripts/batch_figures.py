@@ -25,7 +25,7 @@ import openai
 from rich.console import Console
 
 from macspec.bench.concurrency import levels_json, render_levels, run_levels
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.build import batch_engine_for, load_for_drafting
 from macspec.models.catalog import resolve_models
 from macspec.models.pairs import open_pair

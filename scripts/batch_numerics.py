@@ -24,8 +24,8 @@ import tiny  # noqa: E402
 from losslesskit import PROMPTS  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
 
-from macspec.engine.batch import BatchEngine  # noqa: E402
-from macspec.engine.loop import GenerationConfig  # noqa: E402
+from macspec.engine.batch.engine import BatchEngine  # noqa: E402
+from macspec.engine.generate.loop import GenerationConfig  # noqa: E402
 
 KINDS = ["llama", "qwen3_5", "gemma3_text", "mamba2", "lfm2"]
 

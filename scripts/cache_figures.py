@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import tiny  # noqa: E402
 from losslesskit import PROMPTS, reference, tally  # noqa: E402
 
-from macspec.engine.drafters import ModelDrafter  # noqa: E402
-from macspec.engine.loop import Engine  # noqa: E402
-from macspec.engine.policy import AutoPolicy, FixedPolicy  # noqa: E402
+from macspec.engine.drafters.model import ModelDrafter  # noqa: E402
+from macspec.engine.generate.loop import Engine  # noqa: E402
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy  # noqa: E402
 
 MAX_TOKENS = 32
 PAIRS = {

@@ -44,12 +44,14 @@ def main(argv=None) -> int:
     import mlx.core as mx
     from mlx_lm import load
 
-    loop = module("macspec.engine.loop", "macspec.engine")
-    drafters = module("macspec.engine.drafters", "macspec.drafters")
-    lookup = module("macspec.engine.lookup", "macspec.lookup")
-    policy = module("macspec.engine.policy", "macspec.policy")
-    sampling = module("macspec.engine.sampling", "macspec.sampling")
-    cycle_type = module("macspec.engine.cycle", "macspec.engine.events", "macspec.events").Cycle
+    loop = module("macspec.engine.generate.loop", "macspec.engine")
+    drafters = module("macspec.engine.drafters.model", "macspec.drafters")
+    lookup = module("macspec.engine.drafters.lookup", "macspec.lookup")
+    policy = module("macspec.engine.policy.length", "macspec.policy")
+    sampling = module("macspec.engine.core.sampling", "macspec.sampling")
+    cycle_type = module(
+        "macspec.engine.core.cycle", "macspec.engine.core.events", "macspec.events"
+    ).Cycle
     policy.AutoPolicy.pass_time = lambda self, m: 1.0  # an Apple GPU's flat curve
     demo = ROOT / "macspec" / "demo"
     target, tok = load(str(demo / "target"))

@@ -16,9 +16,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import make_policy
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import make_policy
 from macspec.models.build import drafter_folders, load_drafters, make_drafter
 from macspec.models.catalog import resolve_models
 from macspec.models.templates import encode_prompt

@@ -41,7 +41,7 @@ class BroadcastDrafter:
     def propose(self, context, k, params, draws, floor):
         import mlx.core as mx
 
-        from macspec.engine.drafters import Draft
+        from macspec.engine.drafters.model import Draft
 
         if self.group.rank() == 0:
             draft = self.inner.propose(context, k, params, draws, None)
@@ -56,8 +56,8 @@ def rank_main(prompts: int, max_tokens: int, repeats: int) -> None:
     import mlx.core as mx
 
     from macspec.bench.prompts import builtin
-    from macspec.engine.events import Done
-    from macspec.engine.loop import GenerationConfig
+    from macspec.engine.core.events import Done
+    from macspec.engine.generate.loop import GenerationConfig
     from macspec.models.build import build_engine
     from macspec.models.catalog import resolve_models
     from macspec.models.templates import encode_prompt

@@ -58,7 +58,7 @@ def all_sum_latency(group, nbytes: int = 4096, times: int = 300) -> float:
 
 def rank_main(model: Path, rounds: int, out: Path) -> None:
     """One rank of the launch: the sharded curve and the all-reduce latency; rank 0 writes."""
-    from macspec.engine.distributed import world
+    from macspec.engine.generate.distributed import world
 
     group = world()
     costs = pass_costs(model, rounds, group)

@@ -19,11 +19,11 @@ import collections
 import json
 from pathlib import Path
 
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Done
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.events import Done
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.models.build import drafter_folders, load_drafters, make_drafter, model_labels
 from macspec.models.catalog import resolve_models
 from macspec.models.templates import encode_prompt

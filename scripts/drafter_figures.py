@@ -22,12 +22,12 @@ import mlx.nn as nn  # noqa: E402
 import tiny  # noqa: E402
 from losslesskit import PROMPTS, reference, tally  # noqa: E402
 
-from macspec.engine.choice import DrafterChoice  # noqa: E402
-from macspec.engine.dflash import DFlashDrafter  # noqa: E402
-from macspec.engine.lookup import LookupDrafter  # noqa: E402
-from macspec.engine.loop import Engine  # noqa: E402
-from macspec.engine.mtp import MTPDrafter  # noqa: E402
-from macspec.engine.policy import AutoPolicy, FixedPolicy  # noqa: E402
+from macspec.engine.drafters.dflash import DFlashDrafter  # noqa: E402
+from macspec.engine.drafters.lookup import LookupDrafter  # noqa: E402
+from macspec.engine.drafters.mtp import MTPDrafter  # noqa: E402
+from macspec.engine.generate.loop import Engine  # noqa: E402
+from macspec.engine.policy.choice import DrafterChoice  # noqa: E402
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy  # noqa: E402
 from macspec.models.drafters import load_dflash, load_mtp  # noqa: E402
 
 MAX_TOKENS = 32

@@ -30,9 +30,9 @@ from drafter_figures import policies  # noqa: E402  (this folder: the same k, au
 from losslesskit import PROMPTS, reference, tally  # noqa: E402
 
 from macspec.bench.theory import predicted_speedup, predicted_tokens_per_pass  # noqa: E402
-from macspec.engine.eagle3 import Eagle3Drafter  # noqa: E402
-from macspec.engine.loop import Engine  # noqa: E402
-from macspec.engine.policy import FixedPolicy  # noqa: E402
+from macspec.engine.drafters.eagle3 import Eagle3Drafter  # noqa: E402
+from macspec.engine.generate.loop import Engine  # noqa: E402
+from macspec.engine.policy.length import FixedPolicy  # noqa: E402
 from macspec.models.eagle3 import load_eagle3  # noqa: E402
 
 MAX_TOKENS = 32

@@ -24,8 +24,8 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-from macspec.engine.events import Done
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.core.events import Done
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.build import build_engine
 from macspec.models.catalog import resolve_models
 from macspec.models.templates import encode_messages

@@ -12,11 +12,11 @@ import argparse
 from collections.abc import Sequence
 
 from macspec.bench.prompts import GROUNDED
-from macspec.engine.drafters import Draft
-from macspec.engine.events import Cycle, Done
-from macspec.engine.lookup import LookupDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.core.events import Cycle, Done
+from macspec.engine.drafters.lookup import LookupDrafter
+from macspec.engine.drafters.model import Draft
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.models.catalog import resolve_models
 from macspec.models.loader import load_models
 from macspec.models.templates import encode_prompt

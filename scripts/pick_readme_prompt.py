@@ -16,8 +16,8 @@ import json
 import re
 from pathlib import Path
 
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.models.build import drafter_folders, load_drafters, make_drafter
 from macspec.models.catalog import resolve_models
 from macspec.models.templates import encode_prompt

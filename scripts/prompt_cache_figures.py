@@ -32,10 +32,10 @@ import tiny  # noqa: E402
 from prefixkit import pair as fixture  # noqa: E402
 
 from macspec import prefix  # noqa: E402
-from macspec.engine.drafters import ModelDrafter  # noqa: E402
-from macspec.engine.events import Done  # noqa: E402
-from macspec.engine.loop import Engine, GenerationConfig  # noqa: E402
-from macspec.engine.policy import FixedPolicy  # noqa: E402
+from macspec.engine.core.events import Done  # noqa: E402
+from macspec.engine.drafters.model import ModelDrafter  # noqa: E402
+from macspec.engine.generate.loop import Engine, GenerationConfig  # noqa: E402
+from macspec.engine.policy.length import FixedPolicy  # noqa: E402
 from macspec.prefix.settings import DiskCacheSettings, Identity  # noqa: E402
 from macspec.prefix.store import DiskStore  # noqa: E402
 
@@ -141,7 +141,7 @@ def mtp_context(block: int = 64, answers: int = 48) -> None:
     states, cached per block) or starting at the first id prefilled."""
     import json
 
-    from macspec.engine.mtp import MTPDrafter
+    from macspec.engine.drafters.mtp import MTPDrafter
     from macspec.models.catalog import resolve_models
     from macspec.models.drafters import load_mtp, read_config
     from macspec.models.pairs import open_pair

@@ -23,7 +23,7 @@ import openai
 
 from macspec.bench.prompts import GROUNDED
 from macspec.chat.session import open_models
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.catalog import resolve_models
 from macspec.models.templates import encode_messages
 from macspec.serve.backend import Backend, Defaults

@@ -45,7 +45,7 @@ def target_answers(prompts: list[str], max_tokens: int, log) -> list[list[int]]:
     """prompt + greedy answer + EOS ids for each prompt, by the 4-bit demo target."""
     from mlx_lm import load
 
-    from macspec.engine.loop import Engine, GenerationConfig
+    from macspec.engine.generate.loop import Engine, GenerationConfig
     from macspec.models.templates import encode_prompt
 
     model, tok = load(str(DEMO / "target"))
@@ -184,7 +184,7 @@ def export(head: dict[str, np.ndarray], out: Path) -> None:
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
-    from macspec.engine.mtp import MTPHead
+    from macspec.engine.drafters.mtp import MTPHead
 
     config = json.loads((DEMO / "target" / "config.json").read_text())
     text = {k: v for k, v in config.items() if k not in ("quantization", "quantization_config")}

@@ -29,14 +29,14 @@ import tiny  # noqa: E402
 from losslesskit import PROMPTS, reference  # noqa: E402
 from treekit import OracleBlock, mtp_head  # noqa: E402
 
-from macspec.engine.dflash import DFlashDrafter  # noqa: E402
-from macspec.engine.drafters import ModelDrafter  # noqa: E402
-from macspec.engine.eagle3 import Eagle3Drafter  # noqa: E402
-from macspec.engine.loop import Engine, GenerationConfig  # noqa: E402
-from macspec.engine.mtp import MTPDrafter  # noqa: E402
-from macspec.engine.policy import FixedPolicy  # noqa: E402
-from macspec.engine.sampling import SamplingParams  # noqa: E402
-from macspec.engine.treepolicy import make_tree_policy  # noqa: E402
+from macspec.engine.core.sampling import SamplingParams  # noqa: E402
+from macspec.engine.drafters.dflash import DFlashDrafter  # noqa: E402
+from macspec.engine.drafters.eagle3 import Eagle3Drafter  # noqa: E402
+from macspec.engine.drafters.model import ModelDrafter  # noqa: E402
+from macspec.engine.drafters.mtp import MTPDrafter  # noqa: E402
+from macspec.engine.generate.loop import Engine, GenerationConfig  # noqa: E402
+from macspec.engine.policy.length import FixedPolicy  # noqa: E402
+from macspec.engine.trees.sizing import make_tree_policy  # noqa: E402
 from macspec.models.drafters import load_dflash  # noqa: E402
 from macspec.models.eagle3 import load_eagle3  # noqa: E402
 
@@ -168,9 +168,10 @@ def hybrid_pass_cost(repeats: int = 9) -> None:
     import numpy as np
     from mlx_lm.models.cache import make_prompt_cache
 
-    from macspec.engine import recurrent, treeattn
-    from macspec.engine.tree import best_first
-    from macspec.engine.treeverdict import visibility
+    from macspec.engine.caches import recurrent
+    from macspec.engine.caches import tree_attention as treeattn
+    from macspec.engine.trees.shapes import best_first
+    from macspec.engine.trees.verdict import visibility
 
     size = dict(hidden_size=256, num_hidden_layers=8, intermediate_size=512, head_dim=32)
     size.update(num_attention_heads=8, num_key_value_heads=2)

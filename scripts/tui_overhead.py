@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 async def in_app(engine, tok, prompts, max_tokens) -> list[float]:
     from macspec.chat.store import Store
-    from macspec.engine.loop import GenerationConfig
+    from macspec.engine.generate.loop import GenerationConfig
     from tui.factory import make_app
 
     rates = []
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from macspec.engine.loop import GenerationConfig
+    from macspec.engine.generate.loop import GenerationConfig
     from macspec.models.build import build_engine
     from macspec.models.catalog import resolve_models
     from macspec.models.templates import encode_prompt

@@ -16,9 +16,9 @@ import numpy as np
 from mlx_lm.models import llama
 from tiny import VOCAB, noisy_copy, random_model, tokenizer, write_tokenizer
 
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.loop import Engine
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine
+from macspec.engine.policy.length import FixedPolicy
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,"
 EOS = 257

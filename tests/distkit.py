@@ -41,9 +41,9 @@ def resolved(target: Path, draft: Path | None):
 
 def play(name: str, target: Path, draft: Path, group=None, watchdog=None) -> dict:
     """One scenario: its tokens, cycles (k asked, proposed, accepted) and stats."""
-    from macspec.engine.events import Cycle, Done
-    from macspec.engine.loop import GenerationConfig
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.core.events import Cycle, Done
+    from macspec.engine.core.sampling import SamplingParams
+    from macspec.engine.generate.loop import GenerationConfig
     from macspec.models.build import build_engine
 
     spec = SCENARIOS[name]
@@ -98,10 +98,10 @@ def run_args(target: Path, draft: Path, *more: str) -> list[str]:
 
 def skewed(group, target: Path, draft: Path, watchdog) -> dict:
     """Ranks whose own policies want different k (as timings would make them): rank 0's wins."""
-    from macspec.engine.distributed import AgreedPolicy
-    from macspec.engine.events import Cycle, Done
-    from macspec.engine.loop import GenerationConfig
-    from macspec.engine.policy import FixedPolicy
+    from macspec.engine.core.events import Cycle, Done
+    from macspec.engine.generate.distributed import AgreedPolicy
+    from macspec.engine.generate.loop import GenerationConfig
+    from macspec.engine.policy.length import FixedPolicy
     from macspec.models.build import build_engine
 
     engine, _ = build_engine(resolved(target, draft), "4", group=group, watchdog=watchdog)
@@ -121,7 +121,7 @@ def main() -> None:
     out, target, draft = (Path(a) for a in sys.argv[1:4])
     # mlx.launch stops the survivor with SIGTERM once a rank dies: finish writing first.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from macspec.engine.distributed import Watchdog, world
+    from macspec.engine.generate.distributed import Watchdog, world
 
     group = world()
     rank = group.rank()
@@ -140,7 +140,7 @@ def main() -> None:
 
     # Last: rank 1 dies after a few tokens of an answer; rank 0 must end with one clear line.
     if rank == 1:
-        from macspec.engine import distributed
+        from macspec.engine.generate import distributed
 
         generate = distributed.DistributedEngine.generate
 

@@ -18,9 +18,9 @@ import tiny
 from mlx.utils import tree_flatten
 from mlx_lm.models import llama
 
-from macspec.engine.eagle3 import Eagle3Config, Eagle3Head
-from macspec.engine.mtp import embedding_and_head
-from macspec.engine.taps import inner_model
+from macspec.engine.core.taps import inner_model
+from macspec.engine.drafters.eagle3 import Eagle3Config, Eagle3Head
+from macspec.engine.drafters.mtp import embedding_and_head
 
 DRAFT_VOCAB = 200
 """Ids the tiny heads score, out of the target's 260: those its bigram favours most (real heads

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 
-from macspec.engine.events import Done
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.core.events import Done
+from macspec.engine.generate.loop import GenerationConfig
 
 EOS = 257  # the tiny tokenizer's end of sequence (tests/tiny.py)
 

@@ -11,9 +11,9 @@ import tiny
 from losslesskit import done_of
 
 from macspec import prefix
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.prefix.settings import DiskCacheSettings, Identity
 
 BLOCK = 16

@@ -8,8 +8,8 @@ import itertools
 import mlx.core as mx
 import numpy as np
 
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.sampling import SamplingParams, probabilities, sample
+from macspec.engine.core.sampling import SamplingParams, probabilities, sample
+from macspec.engine.generate.loop import Engine, GenerationConfig
 
 
 def exact_joint(target, prompt: list[int], params: SamplingParams, vocab: int, length: int = 3):

@@ -12,8 +12,8 @@ import pytest
 import tiny
 
 from macspec.chat.session import open_models
-from macspec.engine.events import Done
-from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.core.events import Done
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.models.catalog import resolve_models
 from macspec.models.templates import encode_messages
 from macspec.serve.backend import Backend, Defaults

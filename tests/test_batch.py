@@ -1,5 +1,5 @@
-"""Batched speculation (engine/batch.py): several requests decoded together, every row exactly
-what the same request alone would be, on every cache type; one target pass per cycle for all
+"""Batched speculation (engine/batch/engine.py): several requests decoded together, every row
+exactly what the same request alone would be, on every cache type; one target pass per cycle for all
 rows; rows that join late, end early, stop on a string or are cancelled."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import pytest
 import tiny
 from losslesskit import PROMPTS, done_of, reference
 
-from macspec.engine.batch import BatchEngine
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Cycle, Done, Prefill, Token
-from macspec.engine.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.batch.engine import BatchEngine
+from macspec.engine.core.events import Cycle, Done, Prefill, Token
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 
 MAX_TOKENS = [14, 8, 16, 11]
 
@@ -200,7 +200,7 @@ def acceptance_policy(rate: float) -> AutoPolicy:
     ],
 )
 def test_the_batch_prices_guesses_on_its_pass_cost(cost, rows, guesses):
-    from macspec.engine.batch_policy import BatchPricing
+    from macspec.engine.batch.pricing import BatchPricing
 
     pricing = BatchPricing(probe_every=1000)
     for m in range(1, 80):
@@ -223,8 +223,8 @@ def test_the_batch_prices_guesses_on_its_pass_cost(cost, rows, guesses):
 def test_drafters_that_read_the_target_draft_in_a_batch(tok, tmp_path, head):
     """Each row's MTP head, DFlash drafter or EAGLE-3 head gets its own rows of the batched
     pass's hidden states; every row is still the target alone."""
-    from macspec.engine.dflash import DFlashDrafter
-    from macspec.engine.mtp import MTPDrafter
+    from macspec.engine.drafters.dflash import DFlashDrafter
+    from macspec.engine.drafters.mtp import MTPDrafter
     from macspec.models.drafters import load_dflash, load_mtp
 
     if head == "mtp":
@@ -238,7 +238,7 @@ def test_drafters_that_read_the_target_draft_in_a_batch(tok, tmp_path, head):
         import eagle3kit
         from test_eagle3 import both_formats
 
-        from macspec.engine.eagle3 import Eagle3Drafter
+        from macspec.engine.drafters.eagle3 import Eagle3Drafter
 
         target = eagle3kit.llama_target()
         weights = both_formats(target, tmp_path)[0]

@@ -14,11 +14,11 @@ import tiny
 from losslesskit import EOS, PROMPTS, done_of, reference
 from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
-from macspec.engine.cached import CachedModel
-from macspec.engine.drafters import Draft, ModelDrafter
-from macspec.engine.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
+from macspec.engine.caches.cached import CachedModel
+from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.drafters.model import Draft, ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
 
 MAX_TOKENS = 16
@@ -241,7 +241,7 @@ def test_sampling_on_a_hybrid_pair_has_the_targets_distribution(monkeypatch):
     from samplingkit import exact_joint, resample_from_p, sampled_joint
     from test_sampling import IdTokenizer, distribution_matches
 
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.core.sampling import SamplingParams
 
     V = 5
     small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -257,7 +257,7 @@ def test_sampling_on_a_hybrid_pair_has_the_targets_distribution(monkeypatch):
     outcomes, rejected = sampled_joint(engine(), prompt, params, V, 1200)
     assert rejected > 300  # the recurrent state was rolled back many times
     assert distribution_matches(outcomes, exact)
-    monkeypatch.setattr("macspec.engine.loop.sampled_verdict", resample_from_p)
+    monkeypatch.setattr("macspec.engine.generate.loop.sampled_verdict", resample_from_p)
     wrong, _ = sampled_joint(engine(), prompt, params, V, 1200)
     assert not distribution_matches(wrong, exact)
 
@@ -288,8 +288,8 @@ def test_a_chat_past_the_window_and_with_an_edited_answer_stays_exact(tok, tmp_p
 def test_restores_in_a_row_never_widen_a_pass_past_the_cap(tok):
     """Mamba with a draft that is always wrong: every cycle restores its checkpoint. The ids to
     feed again pile up to MAX_REFEED in a verify pass at most, then a plain step catches up."""
-    from macspec.engine.cycle import Cycle
-    from macspec.engine.loop import MAX_REFEED
+    from macspec.engine.core.cycle import Cycle
+    from macspec.engine.generate.loop import MAX_REFEED
 
     target = tiny.arch_model("mamba2", 0, scale=3.0)
     draft = tiny.arch_model("mamba2", 5, scale=3.0)

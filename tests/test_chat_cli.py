@@ -11,7 +11,7 @@ import pytest
 
 from macspec.chat.store import ModelInfo, Store
 from macspec.cli import main
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.policy.length import FixedPolicy
 from tui.app import ChatApp
 
 

@@ -18,7 +18,7 @@ import pytest
 import tiny
 
 from macspec.cli import main
-from macspec.engine import loop as loop_module
+from macspec.engine.generate import loop as loop_module
 
 CONTEXT = 64
 

@@ -8,9 +8,9 @@ import pytest
 import tiny
 from mlx_lm.generate import generate_step
 
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.errors import MacspecError
 
 PROMPT = "1, 2, 3, 4,"

@@ -14,12 +14,12 @@ from samplingkit import exact_joint
 from test_sampling import IdTokenizer, distribution_matches
 
 from macspec.cli import main
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Token
-from macspec.engine.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
-from macspec.engine.sampling import CoupledNoise, SamplingParams
+from macspec.engine.core.events import Token
+from macspec.engine.core.sampling import CoupledNoise, SamplingParams
+from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 
 # lookup drafting needs a prompt that repeats itself
 REPEATING = "the cat sat on the mat. the cat sat on the"

@@ -105,10 +105,10 @@ def test_lookup_drafting_on_the_demo_target_is_lossless(pair):
     """Prompt lookup on the real 4-bit target, on the bench's edit-this-code prompts: the same
     ids as mlx-lm's target-only decoding, with some of lookup's guesses kept."""
     from macspec.bench.prompts import GROUNDED
-    from macspec.engine.events import Done
-    from macspec.engine.lookup import LookupDrafter
-    from macspec.engine.loop import Engine, GenerationConfig
-    from macspec.engine.policy import FixedPolicy
+    from macspec.engine.core.events import Done
+    from macspec.engine.drafters.lookup import LookupDrafter
+    from macspec.engine.generate.loop import Engine, GenerationConfig
+    from macspec.engine.policy.length import FixedPolicy
 
     (model, tok), _ = pair
     engine = Engine(model, tok, LookupDrafter(), FixedPolicy(4))
@@ -126,10 +126,10 @@ def test_the_tuned_draft_shares_the_tokenizer_and_stays_lossless(pair, prompts):
     """The demo-tuned pair's draft (made by `macspec tune`, see macspec/demo/README.md): the
     same tokenizer files as the target's, guesses kept, and speculative output that is
     mlx-lm's target-only greedy output token for token."""
-    from macspec.engine.drafters import ModelDrafter
-    from macspec.engine.events import Done
-    from macspec.engine.loop import Engine, GenerationConfig
-    from macspec.engine.policy import FixedPolicy
+    from macspec.engine.core.events import Done
+    from macspec.engine.drafters.model import ModelDrafter
+    from macspec.engine.generate.loop import Engine, GenerationConfig
+    from macspec.engine.policy.length import FixedPolicy
 
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         tuned = (demo_path("draft-tuned") / name).read_bytes()
@@ -165,7 +165,7 @@ def test_plain_run_drafts_with_the_tuned_draft_at_draft_length_auto(capsys):
     record = json.loads(capsys.readouterr().out)
     assert record["drafter"] == "model" and record["draft_model"] == "package:demo/draft-tuned"
     assert record["stats"]["drafter_choice"] is None
-    from macspec.engine.policy import AutoPolicy
+    from macspec.engine.policy.length import AutoPolicy
     from macspec.models.build import build_engine
     from macspec.models.catalog import resolve_models
 

@@ -178,8 +178,8 @@ def test_a_lost_rank_stops_the_server_in_one_line(pair):
 
 def test_an_announcement_carries_the_prompt_and_every_setting():
     """What rank 0 tells the others before a generation: the prompt and the whole config."""
-    from macspec.engine.config import GenerationConfig
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.core.config import GenerationConfig
+    from macspec.engine.core.sampling import SamplingParams
     from macspec.serve.ranks import decode, encode
 
     config = GenerationConfig(

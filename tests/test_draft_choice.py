@@ -13,10 +13,10 @@ import pytest
 import tiny
 
 from macspec.cli import main
-from macspec.engine.choice import DrafterChoice
-from macspec.engine.events import Cycle
-from macspec.engine.lookup import LookupDrafter
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.events import Cycle
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.lookup import LookupDrafter
+from macspec.engine.policy.choice import DrafterChoice
 from macspec.models.build import build_engine, model_labels
 from macspec.models.catalog import resolve_models
 

@@ -26,12 +26,12 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 from mlx_vlm.speculative.drafters.qwen3_5_mtp import ModelConfig as VlmConfig
 from mlx_vlm.speculative.drafters.qwen3_5_mtp import Qwen3_5MTPDraftModel
 
-from macspec.engine import taps as taps_module
-from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.drafters import Draft
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.mtp import MTPDrafter
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.core import taps as taps_module
+from macspec.engine.drafters.dflash import DFlashDrafter
+from macspec.engine.drafters.model import Draft
+from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.models.drafters import load_dflash, load_mtp
 
 PROMPT = "The quick brown fox jumps over"

@@ -17,11 +17,11 @@ from losslesskit import PROMPTS, counted_run, done_of, reference
 from mlx.utils import tree_flatten
 from test_hidden_drafters import configs, run
 
-from macspec.engine.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
-from macspec.engine.events import Cycle
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.events import Cycle
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 from macspec.models.eagle3 import load_eagle3
 
 TAPS = (0, 1, 3)
@@ -193,7 +193,7 @@ def test_sampling_with_a_smaller_draft_vocabulary_has_the_targets_distribution(m
     assert rejected > 60
     assert {o // V**2 for o in outcomes} & {1, 3}  # ids the head cannot guess still come
     assert distribution_matches(outcomes, exact)
-    monkeypatch.setattr("macspec.engine.loop.sampled_verdict", resample_from_p)
+    monkeypatch.setattr("macspec.engine.generate.loop.sampled_verdict", resample_from_p)
     wrong, _ = sampled_joint(engine(), prompt, params, V, 400)
     assert not distribution_matches(wrong, exact)
 

@@ -24,7 +24,7 @@ from mlx_vlm.speculative.drafters.eagle3 import Eagle3DraftModel
 from mlx_vlm.speculative.drafters.eagle3 import ModelConfig as VlmConfig
 from test_drafter_fidelity import ATOL, K, run_cycles
 
-from macspec.engine.eagle3 import Eagle3Drafter
+from macspec.engine.drafters.eagle3 import Eagle3Drafter
 from macspec.models.eagle3 import load_eagle3
 
 TAPS = (0, 1, 2)

@@ -9,10 +9,10 @@ import pytest
 import tiny
 from losslesskit import PROMPTS, reference
 
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Cycle, Done, Source, Token
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
+from macspec.engine.core.events import Cycle, Done, Source, Token
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 
 MAX_TOKENS = 24
 
@@ -133,8 +133,8 @@ class NeverGuess:
 
 
 def test_a_run_that_never_guessed_says_why(tok, target, drafts, prompt_ids):
-    from macspec.engine.lookup import LookupDrafter
-    from macspec.engine.stats import summary_line
+    from macspec.engine.core.stats import summary_line
+    from macspec.engine.drafters.lookup import LookupDrafter
 
     engine = Engine(target, tok, ModelDrafter(drafts["noisy"]), NeverGuess())
     done, _ = run(engine, prompt_ids[0], max_tokens=8)

@@ -17,13 +17,13 @@ import tiny
 from losslesskit import PROMPTS, counted_run, done_of, reference
 
 from macspec.cli import main
-from macspec.engine.choice import DrafterChoice
-from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.events import Cycle
-from macspec.engine.lookup import LookupDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.mtp import MTPDrafter
-from macspec.engine.policy import AutoPolicy, FixedPolicy
+from macspec.engine.core.events import Cycle
+from macspec.engine.drafters.dflash import DFlashDrafter
+from macspec.engine.drafters.lookup import LookupDrafter
+from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.choice import DrafterChoice
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
 from macspec.models.drafters import NORM_SUFFIXES, load_dflash, load_mtp, read_config
 
@@ -275,9 +275,9 @@ def test_sampling_with_each_drafter_has_the_targets_distribution(drafter_kind, m
     from samplingkit import exact_joint, resample_from_p, sampled_joint
     from test_sampling import IdTokenizer, distribution_matches
 
-    from macspec.engine.dflash import DFlashConfig, DFlashModel
-    from macspec.engine.mtp import MTPHead
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.core.sampling import SamplingParams
+    from macspec.engine.drafters.dflash import DFlashConfig, DFlashModel
+    from macspec.engine.drafters.mtp import MTPHead
 
     V = 5
     small = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -308,7 +308,7 @@ def test_sampling_with_each_drafter_has_the_targets_distribution(drafter_kind, m
     assert rejected > 200
     assert distribution_matches(outcomes, exact)
     if drafter_kind == "mtp":
-        monkeypatch.setattr("macspec.engine.loop.sampled_verdict", resample_from_p)
+        monkeypatch.setattr("macspec.engine.generate.loop.sampled_verdict", resample_from_p)
         wrong, _ = sampled_joint(
             Engine(target, IdTokenizer(), drafter(), FixedPolicy(2)), prompt, params, V, 1200
         )

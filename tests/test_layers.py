@@ -31,7 +31,7 @@ UI_LIBRARIES = {"textual"}
 
 
 def layer_of(module: str) -> str | None:
-    """'macspec.engine.loop' -> 'engine'; 'tui.app' -> 'tui'; leaf modules -> None."""
+    """'macspec.engine.generate.loop' -> 'engine'; 'tui.app' -> 'tui'; leaf modules -> None."""
     parts = module.split(".")
     if parts[0] == "tui":
         return "tui"
@@ -103,14 +103,14 @@ def test_no_module_imports_a_layer_above_it() -> None:
 @pytest.mark.parametrize(
     ("module", "source"),
     [
-        ("macspec.engine.loop", "from macspec.chat import store"),
-        ("macspec.engine.stats", "import macspec.models.catalog"),
+        ("macspec.engine.generate.loop", "from macspec.chat import store"),
+        ("macspec.engine.core.stats", "import macspec.models.catalog"),
         ("macspec.models.loader", "def f():\n    from macspec.bench.runner import run_bench"),
         ("macspec.chat.session", "from macspec.bench import figures"),
         ("macspec.chat.session", "from macspec.cli.app import fail"),
         ("tui.app", "from macspec.cli import run"),
-        ("macspec.engine.loop", "import textual.app"),
-        ("macspec.engine.drafters", "from ..models import hub"),
+        ("macspec.engine.generate.loop", "import textual.app"),
+        ("macspec.engine.drafters.model", "from ...models import hub"),
     ],
 )
 def test_a_forbidden_import_is_caught(module: str, source: str) -> None:
@@ -118,8 +118,8 @@ def test_a_forbidden_import_is_caught(module: str, source: str) -> None:
 
 
 def test_allowed_imports_pass() -> None:
-    assert not violations("from macspec.engine.events import Done", "macspec.chat.session")
-    assert not violations("from macspec.errors import MacspecError", "macspec.engine.loop")
+    assert not violations("from macspec.engine.core.events import Done", "macspec.chat.session")
+    assert not violations("from macspec.errors import MacspecError", "macspec.engine.generate.loop")
     assert not violations("from tui.factory import make_app", "macspec.cli.chat")
 
 

@@ -15,12 +15,12 @@ from mlx_lm.generate import generate_step
 from tiny import noisy_copy, random_model, save_model, tokenizer, write_tokenizer
 
 from macspec.cli import main
-from macspec.engine.drafters import Draft, ModelDrafter
-from macspec.engine.lookup import HybridDrafter, LookupDrafter, NgramIndex
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
-from macspec.engine.sampling import SamplingParams
-from macspec.engine.stats import Stats, sources_line, summary_line
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.core.stats import Stats, sources_line, summary_line
+from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter, NgramIndex
+from macspec.engine.drafters.model import Draft, ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
 from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels

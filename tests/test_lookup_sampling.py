@@ -9,12 +9,12 @@ import pytest
 from samplingkit import resample_from_p
 from tiny import model_args, noisy_copy, random_model
 
-import macspec.engine.loop
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
-from macspec.engine.sampling import SamplingParams, probabilities
+import macspec.engine.generate.loop
+from macspec.engine.core.sampling import SamplingParams, probabilities
+from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 
 
 # -- sampling ----------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def test_sampled_output_has_the_targets_distribution(kind: str, tiny_vocab_targe
 
 def test_the_distribution_check_catches_a_wrong_rule(tiny_vocab_target, monkeypatch):
     model, expected = tiny_vocab_target
-    monkeypatch.setattr(macspec.engine.loop, "sampled_verdict", resample_from_p)
+    monkeypatch.setattr(macspec.engine.generate.loop, "sampled_verdict", resample_from_p)
     counts, _ = sampled_counts(LookupDrafter(), model, TINY_PROMPT)
     statistic, df = chi_square(counts, expected, SAMPLES)
     assert statistic > df + 4 * (2 * df) ** 0.5, (statistic, df)

@@ -9,14 +9,14 @@ import tiny
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import QuantizedKVCache
 
-from macspec.engine import cached as cached_module
-from macspec.engine import wired as wired_module
-from macspec.engine.cached import CachedModel, CacheOptions
-from macspec.engine.cycle import Cycle
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Token
-from macspec.engine.loop import CLEAR_CACHE_EVERY, Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
+from macspec.engine.caches import cached as cached_module
+from macspec.engine.caches.cached import CachedModel, CacheOptions
+from macspec.engine.core import wired as wired_module
+from macspec.engine.core.cycle import Cycle
+from macspec.engine.core.events import Token
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import CLEAR_CACHE_EVERY, Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
 
 EOS = 257

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from macspec.engine.events import Cycle
-from macspec.engine.policy import AutoPolicy, FixedPolicy, make_policy
+from macspec.engine.core.events import Cycle
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy, make_policy
 from macspec.errors import MacspecError
 
 

@@ -13,13 +13,13 @@ from losslesskit import done_of, reference
 from prefixkit import BLOCK, KINDS, answer, engine, ids, pair, rows_files, settings
 
 from macspec import prefix
-from macspec.engine import blocks
-from macspec.engine.blocks import Boundaries
-from macspec.engine.cached import CachedModel, CacheOptions, SavedCache
-from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.mtp import MTPDrafter
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.caches import blocks
+from macspec.engine.caches.blocks import Boundaries
+from macspec.engine.caches.cached import CachedModel, CacheOptions, SavedCache
+from macspec.engine.drafters.dflash import DFlashDrafter
+from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.models.drafters import load_dflash, load_mtp
 from macspec.prefix.settings import Identity
 from macspec.prefix.store import DiskStore

@@ -16,9 +16,9 @@ import tiny
 from macspec.chat.session import ChatSession, open_models
 from macspec.chat.store import Store
 from macspec.cli import main
-from macspec.engine.events import Done
-from macspec.engine.loop import GenerationConfig
-from macspec.engine.stats import summary_line
+from macspec.engine.core.events import Done
+from macspec.engine.core.stats import summary_line
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.catalog import resolve_models
 from macspec.models.home import macspec_home
 from macspec.models.pairs import open_pair

@@ -154,7 +154,7 @@ def test_zero_gigabytes_writes_nothing(tok, tmp_path):
 def answer_plain(made, prompt):
     from losslesskit import done_of
 
-    from macspec.engine.loop import GenerationConfig
+    from macspec.engine.generate.loop import GenerationConfig
 
     return done_of(prefix.generate(made, prompt, GenerationConfig(max_tokens=8)))
 

@@ -8,11 +8,11 @@ import tiny
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from macspec.engine.cached import CachedModel
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Cycle, Token
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.caches.cached import CachedModel
+from macspec.engine.core.events import Cycle, Token
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "1, 2, 3, 4,", "Once upon a time"]
 
@@ -132,7 +132,7 @@ def test_closing_mid_plain_stretch_drops_the_prefetched_step(
     tok, target, draft, stop_after, with_auto_draft
 ):
     """Plain steps are pipelined (the next one is queued early); closing must undo that."""
-    from macspec.engine.policy import AutoPolicy
+    from macspec.engine.policy.length import AutoPolicy
 
     engine = (
         Engine(target, tok, ModelDrafter(draft), AutoPolicy())

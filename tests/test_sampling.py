@@ -16,11 +16,11 @@ import tiny
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
-from macspec.engine.sampling import SamplingParams, probabilities
-from macspec.engine.verify import verify_sampled
+from macspec.engine.core.sampling import SamplingParams, probabilities
+from macspec.engine.core.verify import verify_sampled
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.errors import MacspecError
 
 Z_999 = 3.0902  # standard normal quantile for p = 0.001

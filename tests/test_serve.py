@@ -18,7 +18,7 @@ from servekit import (
 )
 
 from macspec.cli import main
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.templates import encode_prompt
 
 folders, expected, server = served_pair_fixtures()

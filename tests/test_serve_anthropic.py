@@ -12,7 +12,7 @@ import httpx
 import pytest
 from servekit import KEY, served_pair_fixtures, still_answers
 
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.generate.loop import GenerationConfig
 
 folders, expected, server = served_pair_fixtures()
 MESSAGES = [{"role": "user", "content": "hello there"}]

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from servekit import KEY, MESSAGES, Expected, client, save_pair
 
-from macspec.engine.loop import GenerationConfig
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.catalog import resolve_models
 from macspec.models.pairs import open_pair
 from macspec.serve.backend import Backend, Defaults

@@ -11,9 +11,9 @@ import tiny
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from test_thinking import write_qwen3_tokenizer
 
-from macspec.engine.batch import BatchEngine
-from macspec.engine.events import Done, Token
-from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.batch.engine import BatchEngine
+from macspec.engine.core.events import Done, Token
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.serve.batch_worker import BatchWorker
 from macspec.serve.budget import CLOSING, ThinkingBudget
 from macspec.serve.worker import Job, Worker

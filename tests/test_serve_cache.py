@@ -8,11 +8,11 @@ import mlx.core as mx
 import pytest
 import tiny
 
-from macspec.engine.cached import CachedModel
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.lookup import HybridDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.caches.cached import CachedModel
+from macspec.engine.drafters.lookup import HybridDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.serve.prompt_cache import PromptCache, shared_prefix
 
 MAX_TOKENS = 10

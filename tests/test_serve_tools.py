@@ -14,7 +14,7 @@ import pytest
 from toolkit import AGENT_CALLS, save_tool_draft, save_tool_model
 
 from macspec.chat.pairs import open_models
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.catalog import resolve_models
 from macspec.serve.anthropic_schema import MessagesRequest
 from macspec.serve.backend import Backend, Defaults

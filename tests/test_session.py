@@ -8,8 +8,8 @@ from chatkit import tiny_engine, tiny_pair
 from macspec.chat import session as session_module
 from macspec.chat.session import ChatSession, ContextTrimmed
 from macspec.chat.store import ModelInfo
-from macspec.engine.events import Cycle, Done, Token
-from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.core.events import Cycle, Done, Token
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
 
 MODELS = ModelInfo(target="tiny/target", draft="tiny/draft", pair="tiny")

@@ -15,8 +15,8 @@ from macspec.chat import session as session_module
 from macspec.chat.journal import describe_unsaved, rescue
 from macspec.chat.session import ChatSession, NotSaved
 from macspec.chat.store import ModelInfo, Store
-from macspec.engine.events import Done, Token
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.core.events import Done, Token
+from macspec.engine.generate.loop import GenerationConfig
 
 MODELS = ModelInfo(target="tiny/target", draft="tiny/draft", pair="tiny")
 

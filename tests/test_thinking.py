@@ -16,8 +16,8 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from macspec.cli import main
 from macspec.cli.run import ReasoningWriter
-from macspec.engine.events import Done, Token
-from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.core.events import Done, Token
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.models.reasoning import ReasoningSplitter, reasoning_start, split_text
 from macspec.models.templates import encode_prompt, template_args
 
@@ -156,8 +156,8 @@ def thinking_engine(tok, prompt: list[int], answer: str, draft: bool = False) ->
     target = ScriptedModel(sequence, 264)
     if not draft:
         return Engine(target, tok)
-    from macspec.engine.drafters import ModelDrafter
-    from macspec.engine.policy import FixedPolicy
+    from macspec.engine.drafters.model import ModelDrafter
+    from macspec.engine.policy.length import FixedPolicy
 
     return Engine(target, tok, ModelDrafter(ScriptedModel(sequence, 264)), FixedPolicy(3))
 

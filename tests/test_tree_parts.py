@@ -13,13 +13,13 @@ import tiny
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_vlm.speculative.ddtree import build_ddtree
 
-from macspec.engine import treeattn
-from macspec.engine.cycle import Cycle, TreeOutcome
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.loop import Engine
-from macspec.engine.policy import FixedPolicy
-from macspec.engine.tree import Shape, best_first, ddtree, expected_kept
-from macspec.engine.treepolicy import RankStats, TreePolicy
+from macspec.engine.caches import tree_attention as treeattn
+from macspec.engine.core.cycle import Cycle, TreeOutcome
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine
+from macspec.engine.policy.length import FixedPolicy
+from macspec.engine.trees.shapes import Shape, best_first, ddtree, expected_kept
+from macspec.engine.trees.sizing import RankStats, TreePolicy
 
 # A root, two children, a grandchild under each, and a great-grandchild: (token, parent).
 NODES = [(20, -1), (21, -1), (22, 0), (23, 1), (24, 2)]

@@ -10,13 +10,13 @@ import tiny
 from samplingkit import exact_joint
 from test_sampling import IdTokenizer, distribution_matches
 
-from macspec.engine import treeverdict
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Cycle
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
-from macspec.engine.sampling import SamplingParams
-from macspec.engine.treepolicy import make_tree_policy
+from macspec.engine.core.events import Cycle
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
+from macspec.engine.trees import verdict as treeverdict
+from macspec.engine.trees.sizing import make_tree_policy
 
 V, LENGTH, RUNS = 5, 3, 600
 PARAMS = SamplingParams(temperature=1.0)
@@ -65,7 +65,7 @@ def test_tree_sampling_with_a_smaller_draft_vocabulary_has_the_targets_distribut
     still puts mass), in trees of 5 nodes, 2 deep: the target's distribution, exactly."""
     from eagle3kit import three_of_five_pair
 
-    from macspec.engine.eagle3 import Eagle3Drafter
+    from macspec.engine.drafters.eagle3 import Eagle3Drafter
 
     target, head = three_of_five_pair()
     policy = make_tree_policy("5", FixedPolicy(2))

@@ -16,15 +16,15 @@ import tiny
 from losslesskit import PROMPTS, done_of, passes_of, reference
 from treekit import OracleBlock, mtp_head
 
-from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.eagle3 import Eagle3Drafter
-from macspec.engine.events import Cycle
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.mtp import MTPDrafter
-from macspec.engine.policy import FixedPolicy
-from macspec.engine.sampling import SamplingParams
-from macspec.engine.treepolicy import make_tree_policy
+from macspec.engine.core.events import Cycle
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.dflash import DFlashDrafter
+from macspec.engine.drafters.eagle3 import Eagle3Drafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
+from macspec.engine.trees.sizing import make_tree_policy
 from macspec.models.drafters import load_dflash
 from macspec.models.eagle3 import load_eagle3
 
@@ -235,7 +235,7 @@ def test_other_recurrent_targets_verify_chains_and_say_why(tok):
 
 
 def test_trees_on_a_quantized_kv_cache_match_chains(tok):
-    from macspec.engine.config import CacheOptions
+    from macspec.engine.core.config import CacheOptions
 
     target = tiny.random_model(0, tiny.model_args(hidden=128, heads=4, kv_heads=2), scale=3.0)
     draft = tiny.noisy_copy(target, 0.03, seed=1)  # head_dim 32: one quantization group

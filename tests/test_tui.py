@@ -12,9 +12,9 @@ from chatkit import tiny_engine, tiny_pair
 
 from macspec.chat.session import ChatModels
 from macspec.chat.store import ModelInfo, Store
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.lookup import HybridDrafter
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.drafters.lookup import HybridDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.errors import MacspecError
 from macspec.models.catalog import Pair
 from tui.app import ChatApp

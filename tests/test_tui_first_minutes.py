@@ -84,8 +84,8 @@ def test_a_reopened_answer_is_summarised_as_it_was_shown():
     same acceptance wording; one token is 'token'."""
     from macspec.chat.records import StoredMessage
     from macspec.chat.store import ModelInfo
-    from macspec.engine.events import Done, Source
-    from macspec.engine.stats import Stats
+    from macspec.engine.core.events import Done, Source
+    from macspec.engine.core.stats import Stats
     from tui.messages import Finished
     from tui.turn import answer_summary, stored_summary
 

@@ -14,7 +14,7 @@ async def test_an_answer_that_turns_markdown_mid_stream_shows_all_of_it():
     fragment that turned it."""
     from textual.app import App
 
-    from macspec.engine.events import Source
+    from macspec.engine.core.events import Source
 
     class Host(App):  # no '-sources' class: the Markdown / preformatted views show
         def compose(self):

@@ -22,9 +22,9 @@ from tunekit import (
     tune_models_fixture,
 )
 
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 from macspec.models.templates import encode_messages
 
 models = tune_models_fixture()

@@ -16,13 +16,13 @@ import pytest
 import tiny
 
 from macspec.bench.waits import WaitCounter
-from macspec.engine.cycle import Cycle
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Done, Token
-from macspec.engine.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.loop import PROBE_EVERY, Engine, GenerationConfig
-from macspec.engine.policy import AutoPolicy, FixedPolicy
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.cycle import Cycle
+from macspec.engine.core.events import Done, Token
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import PROBE_EVERY, Engine, GenerationConfig
+from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 
 
 def waits_per_cycle(engine: Engine, prompt: list[int], config, waits: WaitCounter):

@@ -328,7 +328,7 @@ def mtp_weights(target: nn.Module, noise: float, seed: int = 5, reads_hidden: fl
     final norm; `noise` makes it wrong now and then. Built with mlx-lm's own classes."""
     from mlx.utils import tree_flatten as flat
 
-    from macspec.engine.mtp import MTPHead
+    from macspec.engine.drafters.mtp import MTPHead
 
     config = CONFIGS[id(target)]
     head = MTPHead(config)
@@ -356,7 +356,7 @@ def save_mtp_folder(
     reads_hidden: float = 0.0,
 ) -> Path:
     """A drafter folder in mlx-vlm's qwen3_5_mtp format for a tiny qwen3_5 target."""
-    from macspec.engine.mtp import MTPHead
+    from macspec.engine.drafters.mtp import MTPHead
 
     folder.mkdir(parents=True, exist_ok=True)
     config = CONFIGS[id(target)]
@@ -391,7 +391,7 @@ def dflash_config(target_layer_ids=(0, 1), block_size: int = 8, mask: int = 259)
 
 def save_dflash_folder(folder: Path, seed: int = 3, **config) -> Path:
     """A DFlash drafter folder in z-lab's format, random weights."""
-    from macspec.engine.dflash import DFlashConfig, DFlashModel
+    from macspec.engine.drafters.dflash import DFlashConfig, DFlashModel
 
     folder.mkdir(parents=True, exist_ok=True)
     full = dflash_config(**config)

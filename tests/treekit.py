@@ -8,8 +8,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import tiny
 
-from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.mtp import MTPHead
+from macspec.engine.drafters.dflash import DFlashDrafter
+from macspec.engine.drafters.mtp import MTPHead
 
 
 def mtp_head(target: nn.Module, noise: float = 0.02) -> MTPHead:

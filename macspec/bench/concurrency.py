@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from macspec.engine.batch import BatchEngine
-from macspec.engine.loop import GenerationConfig
+from macspec.engine.batch.engine import BatchEngine
+from macspec.engine.generate.loop import GenerationConfig
 
 
 @dataclass(frozen=True)

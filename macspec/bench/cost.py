@@ -11,8 +11,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.bench.theory import CostCurve
-from macspec.engine.cached import CachedModel
-from macspec.engine.lookup import LookupDrafter
+from macspec.engine.caches.cached import CachedModel
+from macspec.engine.drafters.lookup import LookupDrafter
 
 
 def _filler(prompt_ids: Sequence[int], n: int) -> list[int]:

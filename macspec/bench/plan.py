@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from macspec.bench.figures import MACSPEC, MLX_LM, BenchConfig
-from macspec.engine.config import DEFAULT_CACHE, CacheOptions
+from macspec.engine.core.config import DEFAULT_CACHE, CacheOptions
 from macspec.errors import MacspecError
 from macspec.models.flags import check_draft_source
 

@@ -32,12 +32,12 @@ from macspec.bench.lossless import Comparison, lossless_checks
 from macspec.bench.plan import BenchSettings, plan_configs, run_seed, schedule  # noqa: E402,F401
 from macspec.bench.theory import CostCurve
 from macspec.bench.waits import WaitCounter
-from macspec.engine.distributed import DistributedEngine
-from macspec.engine.events import Cycle, Done, Token
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import DraftPolicy, make_policy
-from macspec.engine.sampling import SamplingParams
-from macspec.engine.treepolicy import make_tree_policy
+from macspec.engine.core.events import Cycle, Done, Token
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.generate.distributed import DistributedEngine
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import DraftPolicy, make_policy
+from macspec.engine.trees.sizing import make_tree_policy
 from macspec.errors import MacspecError
 from macspec.models.build import make_drafter
 from macspec.models.loader import LoadedModels

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from macspec.chat.records import ModelInfo
-from macspec.engine.cached import CacheOptions
-from macspec.engine.loop import Engine
+from macspec.engine.caches.cached import CacheOptions
+from macspec.engine.generate.loop import Engine
 from macspec.models.catalog import Pair, ResolvedModels, load_catalog, pair_status
 from macspec.models.pairs import open_pair
 from macspec.prefix.settings import DEFAULT_DISK, DiskCacheSettings

@@ -24,8 +24,8 @@ from macspec.chat.journal import Chat, Journal, Record
 from macspec.chat.pairs import ChatModels, downloaded_pairs, open_models
 from macspec.chat.records import MessageRow
 from macspec.chat.store import ModelInfo, Store
-from macspec.engine.events import Done, Event, Token
-from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.core.events import Done, Event, Token
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.models.reasoning import ReasoningSplitter, reasoning_start
 from macspec.models.templates import encode_messages

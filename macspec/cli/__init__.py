@@ -61,13 +61,13 @@ def open_closed_standard_streams() -> None:
 
 
 def release_main_streams() -> None:
-    """At exit: the main thread's MLX streams, if a command used MLX (see engine/streams.py).
+    """At exit: the main thread's MLX streams, if a command used MLX (see engine/core/streams.py).
     Not under a launcher: a rank that lost its peers may hold a collective that never ends,
     and waiting for it would hang the exit."""
     if "mlx.core" not in sys.modules:
         return
     from macspec.cli.ranks import launched
-    from macspec.engine.streams import release_streams
+    from macspec.engine.core.streams import release_streams
 
     if launched():
         return

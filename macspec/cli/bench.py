@@ -37,7 +37,7 @@ def check_writable(path: Path, flag: str) -> None:
 
 def parse_trees(text: str | None) -> tuple[str, ...]:
     """`--draft-tree 8,16` or 'auto' (or both): the tree sizes to run beside the chains."""
-    from macspec.engine.policy import tree_size
+    from macspec.engine.policy.length import tree_size
 
     sizes = (tree_size(part) for part in (text or "").split(",") if part.strip())
     return tuple(dict.fromkeys(str(size) for size in sizes if size is not None))

@@ -10,7 +10,7 @@ import typer
 from macspec.errors import MacspecError
 
 if TYPE_CHECKING:
-    from macspec.engine.config import CacheOptions, GenerationConfig
+    from macspec.engine.core.config import CacheOptions, GenerationConfig
     from macspec.prefix.settings import DiskCacheSettings
 
 Model = Annotated[
@@ -181,8 +181,8 @@ def generation_config(
 ) -> GenerationConfig:
     """run's and chat's GenerationConfig from their flags, every value checked before any model
     loads (a bad --sampler name too, even when greedy). Loads no mlx-lm."""
-    from macspec.engine.config import GenerationConfig
-    from macspec.engine.sampling import SamplingParams, choose_sampler
+    from macspec.engine.core.config import GenerationConfig
+    from macspec.engine.core.sampling import SamplingParams, choose_sampler
 
     config = GenerationConfig(
         max_tokens=max_tokens,
@@ -203,7 +203,7 @@ def cache_options(
     kv_bits: int | None, kv_group_size: int, quantized_kv_start: int, max_kv_size: int | None
 ) -> CacheOptions:
     """The engine's CacheOptions from the flags (validated there, before any model loads)."""
-    from macspec.engine.config import CacheOptions
+    from macspec.engine.core.config import CacheOptions
 
     return CacheOptions(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
 

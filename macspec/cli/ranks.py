@@ -33,7 +33,7 @@ class Ranks:
     group: object
     """The mlx.distributed group."""
     watchdog: object
-    """macspec.engine.distributed.Watchdog."""
+    """macspec.engine.generate.distributed.Watchdog."""
 
     @property
     def rank(self) -> int:
@@ -46,7 +46,9 @@ class Ranks:
 
 def launched() -> bool:
     """Whether a launcher started this process as one of several (cheap: environment only)."""
-    from macspec.engine.distributed import LAUNCH_VARIABLES  # engine/ imports MLX: only here
+    from macspec.engine.generate.distributed import (
+        LAUNCH_VARIABLES,
+    )  # engine/ imports MLX: only here
 
     return any(os.environ.get(name) for name in LAUNCH_VARIABLES)
 
@@ -63,7 +65,13 @@ def refuse_under_launch(command: str) -> None:
 @contextmanager
 def ranks() -> Iterator[Ranks | None]:
     """The group when several ranks run this command, else None (nothing changes then)."""
-    from macspec.engine.distributed import PeerLost, Watchdog, is_peer_failure, peer_lost, world
+    from macspec.engine.generate.distributed import (
+        PeerLost,
+        Watchdog,
+        is_peer_failure,
+        peer_lost,
+        world,
+    )
 
     group = world() if launched() else None
     if group is None:

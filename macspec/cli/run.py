@@ -18,8 +18,8 @@ from macspec.errors import EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
 
 if TYPE_CHECKING:
-    from macspec.engine.events import Done
-    from macspec.engine.loop import GenerationConfig
+    from macspec.engine.core.events import Done
+    from macspec.engine.generate.loop import GenerationConfig
     from macspec.models.catalog import ResolvedModels
 
 
@@ -139,8 +139,8 @@ def answer(
     """Load, encode, generate and write one answer (stdout), stats on stderr; the exit code."""
     import mlx.core as mx
 
-    from macspec.engine.events import Done, Token
-    from macspec.engine.stats import summary_line
+    from macspec.engine.core.events import Done, Token
+    from macspec.engine.core.stats import summary_line
     from macspec.models.build import build_engine
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
     from macspec.models.templates import encode_prompt, unused_template_options
@@ -222,7 +222,7 @@ class Tally:
     """The stats of a generation as its events come, for when it never reaches its Done."""
 
     def __init__(self, prompt_tokens: int):
-        from macspec.engine.stats import Stats
+        from macspec.engine.core.stats import Stats
 
         self.stats = Stats(prompt_tokens=prompt_tokens)
         self.text: list[str] = []
@@ -230,7 +230,7 @@ class Tally:
         self._first: float | None = None
 
     def add(self, event) -> None:
-        from macspec.engine.events import Cycle, Token
+        from macspec.engine.core.events import Cycle, Token
 
         if isinstance(event, Cycle):
             self.stats.add_cycle(event)
@@ -247,7 +247,7 @@ class Tally:
 def interrupted(tally: Tally, out: ReasoningWriter, as_json: bool) -> NoReturn:
     """Ctrl-C mid-answer: a newline after the text so far, a stats line saying 'interrupted'
     on stderr (or the JSON record so far), exit 130."""
-    from macspec.engine.stats import summary_line
+    from macspec.engine.core.stats import summary_line
 
     try:
         if as_json:

@@ -103,8 +103,8 @@ def serve(
     """
     # MLX, mlx-lm, FastAPI and uvicorn load here, not at import: `macspec --help` stays instant.
     from macspec.cli.ranks import ranks
-    from macspec.engine.policy import tree_size
-    from macspec.engine.sampling import SamplingParams
+    from macspec.engine.core.sampling import SamplingParams
+    from macspec.engine.policy.length import tree_size
     from macspec.models.flags import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
     from macspec.serve.backend import Defaults

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from macspec.engine.batch import BatchEngine
-from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
-from macspec.engine.choice import DrafterChoice
-from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.drafters import Drafter, ModelDrafter
-from macspec.engine.eagle3 import Eagle3Drafter
-from macspec.engine.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.loop import Engine
-from macspec.engine.mtp import MTPDrafter
-from macspec.engine.policy import make_policy, tree_size
-from macspec.engine.treepolicy import make_tree_policy
+from macspec.engine.batch.engine import BatchEngine
+from macspec.engine.caches.cached import DEFAULT_CACHE, CacheOptions
+from macspec.engine.drafters.dflash import DFlashDrafter
+from macspec.engine.drafters.eagle3 import Eagle3Drafter
+from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
+from macspec.engine.drafters.model import Drafter, ModelDrafter
+from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.generate.loop import Engine
+from macspec.engine.policy.choice import DrafterChoice
+from macspec.engine.policy.length import make_policy, tree_size
+from macspec.engine.trees.sizing import make_tree_policy
 from macspec.errors import MacspecError
 from macspec.models.catalog import ResolvedModels
 from macspec.models.drafters import (
@@ -125,7 +125,7 @@ def build_engine(
             loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size, cache_options
         )
     if group is not None:
-        from macspec.engine.distributed import DistributedEngine
+        from macspec.engine.generate.distributed import DistributedEngine
 
         engine = DistributedEngine(engine, group, watchdog)
     return engine, loaded
@@ -208,7 +208,7 @@ def check_distributed_source(draft: str | None, group) -> None:
 
 def warn_if_over_working_set(loaded: LoadedModels, context_length: int | None) -> None:
     """One line when the weights and a full KV cache exceed what the GPU may wire."""
-    from macspec.engine.wired import recommended_working_set
+    from macspec.engine.core.wired import recommended_working_set
     from macspec.models.loader import weight_bytes
 
     limit = recommended_working_set()

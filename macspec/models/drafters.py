@@ -140,7 +140,7 @@ def mtp_norm_mean(weights: dict[str, mx.array]) -> float:
 
 def load_mtp(folder: Path, target_config: dict[str, Any]):
     """An MTP head from a drafter folder; its norms must be shifted exactly once."""
-    from macspec.engine.mtp import MTPHead
+    from macspec.engine.drafters.mtp import MTPHead
 
     config = read_config(folder)
     head_config = check_mtp(folder, config, target_config)
@@ -241,7 +241,7 @@ def convert_mtp_checkpoint(source: Path, out: Path, shards: list[Path] | None = 
 # -- DFlash ------------------------------------------------------------------------------------
 def check_dflash(folder: Path, config: dict[str, Any], target_config: dict[str, Any]):
     """The drafter's config, after the checks it can answer (no weights read)."""
-    from macspec.engine.dflash import DFlashConfig
+    from macspec.engine.drafters.dflash import DFlashConfig
 
     try:
         parsed = DFlashConfig.from_dict(config)
@@ -263,7 +263,7 @@ def check_dflash(folder: Path, config: dict[str, Any], target_config: dict[str, 
 
 
 def load_dflash(folder: Path, target_config: dict[str, Any]):
-    from macspec.engine.dflash import DFlashModel
+    from macspec.engine.drafters.dflash import DFlashModel
 
     config = read_config(folder)
     parsed = check_dflash(folder, config, target_config)

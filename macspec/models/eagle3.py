@@ -95,7 +95,7 @@ def _taps(folder: Path, config: dict[str, Any], form: str, depth: int) -> tuple[
 
 def check_eagle3(folder: Path, config: dict[str, Any], target_config: dict[str, Any]):
     """The head's Eagle3Config, after every check its config and weight headers can answer."""
-    from macspec.engine.eagle3 import Eagle3Config
+    from macspec.engine.drafters.eagle3 import Eagle3Config
 
     form = eagle3_format(config)
     if form == SPECULATORS and config.get("speculators_model_type", "eagle3") != "eagle3":
@@ -193,7 +193,7 @@ def _head_weights(weights: dict[str, mx.array], parsed) -> dict[str, mx.array]:
 
 def load_eagle3(folder: Path, target_config: dict[str, Any]):
     """An EAGLE-3 head from its folder (checked as `check_eagle3` does, then loaded)."""
-    from macspec.engine.eagle3 import Eagle3Head
+    from macspec.engine.drafters.eagle3 import Eagle3Head
     from macspec.models.drafters import read_config
 
     config = read_config(folder)

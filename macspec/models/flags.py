@@ -3,7 +3,7 @@ CLI validates them before MLX or a model loads, so a bad flag is one line at onc
 
 from __future__ import annotations
 
-from macspec.engine.policy import make_policy, tree_size
+from macspec.engine.policy.length import make_policy, tree_size
 from macspec.errors import MacspecError
 from macspec.models.catalog import MAX_DRAFT_TOKENS
 

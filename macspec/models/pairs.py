@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from macspec.engine.cached import DEFAULT_CACHE, CacheOptions
+from macspec.engine.caches.cached import DEFAULT_CACHE, CacheOptions
 from macspec.models import build
 from macspec.models.catalog import ResolvedModels, context_length
 

@@ -3,8 +3,8 @@ and store each block as a watched cache's prefill completes it.
 
 Prefill runs in block-sized chunks that end at multiples of the block size
 (`CachedModel.boundaries`), so a cold run and one restored at a boundary compute every later
-chunk alike (`engine/blocks.py`). At each boundary the block's attention rows are written, and
-recurrent state, which is large (a few hundred KB to ~150 MB per boundary on real hybrids),
+chunk alike (`engine/caches/blocks.py`). At each boundary the block's attention rows are written,
+and recurrent state, which is large (a few hundred KB to ~150 MB per boundary on real hybrids),
 only at some: every `state_every`-th boundary, the boundary where a prompt leaves a chain
 already on disk (where the next conversation sharing that prefix resumes), and the last
 boundary of each prompt (where the next turn resumes), this last one held in memory until
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from macspec.engine import blocks
-from macspec.engine.blocks import Boundaries
-from macspec.engine.cached import CachedModel, SavedCache
-from macspec.engine.taps import Hidden, HiddenRows
+from macspec.engine.caches import blocks
+from macspec.engine.caches.blocks import Boundaries
+from macspec.engine.caches.cached import CachedModel, SavedCache
+from macspec.engine.core.taps import Hidden, HiddenRows
 from macspec.prefix.keys import Chain
 from macspec.prefix.store import DiskStore
 from macspec.prefix.writer import BlockWrite, Writer

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from macspec.engine import blocks
-from macspec.engine.cached import CachedModel, SavedCache
-from macspec.engine.config import GenerationConfig
-from macspec.engine.events import Done, Event
-from macspec.engine.loop import Engine
-from macspec.engine.stats import Stats
+from macspec.engine.caches import blocks
+from macspec.engine.caches.cached import CachedModel, SavedCache
+from macspec.engine.core.config import GenerationConfig
+from macspec.engine.core.events import Done, Event
+from macspec.engine.core.stats import Stats
+from macspec.engine.generate.loop import Engine
 from macspec.models.catalog import ResolvedModels
 from macspec.prefix.binding import ModelChain, Restored, Tally, Watch
 from macspec.prefix.keys import root_key, settings_text

@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from macspec.engine.events import Done, Prefill, Token
+from macspec.engine.core.events import Done, Prefill, Token
 from macspec.models.answer_stream import AnswerStream, Call, Piece, Reasoning, Text
 from macspec.serve.anthropic_schema import CountRequest, MessagesRequest
 from macspec.serve.backend import Backend

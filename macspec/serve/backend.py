@@ -11,8 +11,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
 from macspec.models.answer_stream import AnswerStream
 from macspec.models.reasoning import reasoning_start

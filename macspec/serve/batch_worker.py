@@ -16,10 +16,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 
-from macspec.engine.batch import BatchEngine, Row
-from macspec.engine.cached import SavedCache
-from macspec.engine.events import Cycle, Done, Source, Token
-from macspec.engine.streams import release_streams
+from macspec.engine.batch.engine import BatchEngine, Row
+from macspec.engine.caches.cached import SavedCache
+from macspec.engine.core.events import Cycle, Done, Source, Token
+from macspec.engine.core.streams import release_streams
 from macspec.models.reasoning import ReasoningSplitter
 from macspec.prefix.tier import tier_of
 from macspec.serve.budget import CLOSING, joined

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from macspec.engine.events import Done, Event, Prefill, Source, Token
-from macspec.engine.loop import GenerationConfig
-from macspec.engine.stats import Stats
+from macspec.engine.core.events import Done, Event, Prefill, Source, Token
+from macspec.engine.core.stats import Stats
+from macspec.engine.generate.loop import GenerationConfig
 from macspec.models.reasoning import CLOSE, ReasoningSplitter
 
 CLOSING = f"\n{CLOSE}\n\n"

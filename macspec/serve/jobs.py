@@ -18,8 +18,8 @@ from typing import Any, Protocol
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from macspec.engine.events import Done, Prefill, Token
-from macspec.engine.stats import sources_line, tree_text
+from macspec.engine.core.events import Done, Prefill, Token
+from macspec.engine.core.stats import sources_line, tree_text
 from macspec.serve.backend import Backend, Prepared
 from macspec.serve.errors import APIError
 from macspec.serve.worker import Failed, Job, QueueFull, ShuttingDown

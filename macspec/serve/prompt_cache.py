@@ -18,8 +18,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from macspec.engine.cached import SavedCache
-from macspec.engine.loop import Engine
+from macspec.engine.caches.cached import SavedCache
+from macspec.engine.generate.loop import Engine
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:

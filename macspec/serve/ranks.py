@@ -17,9 +17,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from macspec.engine.config import GenerationConfig
-from macspec.engine.distributed import Diverged, PeerLost
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.config import GenerationConfig
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.generate.distributed import Diverged, PeerLost
 from macspec.errors import MacspecError
 from macspec.serve.prompt_cache import PromptCache
 

@@ -16,8 +16,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from macspec.engine.events import Done, Prefill, Token
-from macspec.engine.stats import sources_line
+from macspec.engine.core.events import Done, Prefill, Token
+from macspec.engine.core.stats import sources_line
 from macspec.models.answer_stream import AnswerStream, Call, Piece, Reasoning
 
 

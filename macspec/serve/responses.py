@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
-from macspec.engine.events import Done, Prefill, Token
+from macspec.engine.core.events import Done, Prefill, Token
 from macspec.models.answer_stream import AnswerStream, Call, Piece, Reasoning
 from macspec.serve.backend import Backend
 from macspec.serve.bodies import parse

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from macspec.engine.distributed import Diverged, PeerLost
-from macspec.engine.events import Cycle, Done, Token
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.streams import release_streams
+from macspec.engine.core.events import Cycle, Done, Token
+from macspec.engine.core.streams import release_streams
+from macspec.engine.generate.distributed import Diverged, PeerLost
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.prefix.tier import generate as generate_cached
 from macspec.serve.budget import ThinkingBudget, budgeted
 from macspec.serve.prompt_cache import PromptCache

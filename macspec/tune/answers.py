@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine.events import Done
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.events import Done
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.generate.loop import Engine, GenerationConfig
 
 if TYPE_CHECKING:
     from macspec.tune.cache import AnswerCache

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import mlx.nn as nn
 
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.events import Cycle, Done, Token
-from macspec.engine.loop import Engine, GenerationConfig
-from macspec.engine.policy import FixedPolicy
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.events import Cycle, Done, Token
+from macspec.engine.core.sampling import SamplingParams
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.generate.loop import Engine, GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 
 
 @dataclass

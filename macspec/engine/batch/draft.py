@@ -15,10 +15,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine.cached import SavedCache
-from macspec.engine.drafters import Draft, ModelDrafter, device_draft
-from macspec.engine.rows import RowsKVCache, rows_caches
-from macspec.engine.sampling import probabilities
+from macspec.engine.caches.cached import SavedCache
+from macspec.engine.caches.rows import RowsKVCache, rows_caches
+from macspec.engine.core.sampling import probabilities
+from macspec.engine.drafters.model import Draft, ModelDrafter, device_draft
 
 
 class BatchDraftModel:

@@ -22,19 +22,19 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine import recurrent
-from macspec.engine.answer import AnswerState
-from macspec.engine.batch_draft import BatchDraftModel
-from macspec.engine.batch_policy import BatchPricing
-from macspec.engine.batch_row import Row, RowView, row_verdict
-from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
-from macspec.engine.choice import DrafterChoice
-from macspec.engine.config import GenerationConfig
-from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.events import Cycle, Prefill, Source
-from macspec.engine.policy import AutoPolicy, DraftPolicy
-from macspec.engine.rows import RowsArraysCache, RowsKVCache, rows_caches
-from macspec.engine.taps import Hidden, Taps
+from macspec.engine.batch.draft import BatchDraftModel
+from macspec.engine.batch.pricing import BatchPricing
+from macspec.engine.batch.row import Row, RowView, row_verdict
+from macspec.engine.caches import recurrent
+from macspec.engine.caches.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
+from macspec.engine.caches.rows import RowsArraysCache, RowsKVCache, rows_caches
+from macspec.engine.core.config import GenerationConfig
+from macspec.engine.core.events import Cycle, Prefill, Source
+from macspec.engine.core.taps import Hidden, Taps
+from macspec.engine.drafters.model import Draft, Drafter
+from macspec.engine.generate.answer import AnswerState
+from macspec.engine.policy.choice import DrafterChoice
+from macspec.engine.policy.length import AutoPolicy, DraftPolicy
 
 PREFILL_CHUNK = 512
 """Prompt ids a joining row prefills between two cycles of the running rows."""

@@ -13,8 +13,8 @@ the rows' stats say so; guesses are probed now and then so the figures stay fres
 
 from __future__ import annotations
 
-from macspec.engine.policy import AutoPolicy
-from macspec.engine.stats import Ema
+from macspec.engine.core.stats import Ema
+from macspec.engine.policy.length import AutoPolicy
 
 
 class BatchPricing:

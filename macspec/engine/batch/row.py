@@ -1,4 +1,4 @@
-"""One request in a batch (engine/batch.py): its state, and its verdict on a batched pass."""
+"""One request in a batch (engine/batch/engine.py): its state, and its verdict on a batched pass."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from macspec.engine.answer import AnswerState
-from macspec.engine.cached import CachedModel, SavedCache
-from macspec.engine.drafters import Drafter
-from macspec.engine.events import Done, Event
-from macspec.engine.policy import DraftPolicy
-from macspec.engine.sampling import probabilities
-from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
+from macspec.engine.caches.cached import CachedModel, SavedCache
+from macspec.engine.core.events import Done, Event
+from macspec.engine.core.sampling import probabilities
+from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
+from macspec.engine.drafters.model import Drafter
+from macspec.engine.generate.answer import AnswerState
+from macspec.engine.policy.length import DraftPolicy
 
 
 @dataclass

@@ -36,10 +36,10 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
 )
 
-from macspec.engine import recurrent
-from macspec.engine.blocks import Boundaries
-from macspec.engine.config import DEFAULT_CACHE, CacheOptions  # noqa: F401  (re-exported)
-from macspec.engine.taps import Hidden, HiddenSpec, Taps
+from macspec.engine.caches import recurrent
+from macspec.engine.caches.blocks import Boundaries
+from macspec.engine.core.config import DEFAULT_CACHE, CacheOptions  # noqa: F401  (re-exported)
+from macspec.engine.core.taps import Hidden, HiddenSpec, Taps
 from macspec.errors import MacspecError
 
 PREFILL_CHUNK = 2048

@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine import treerecurrent
+from macspec.engine.caches import tree_recurrent as treerecurrent
 
 MODULES = ("mlx_lm.models.qwen3_5", "mlx_lm.models.qwen3_next")
 """mlx-lm modules whose linear-attention layers keep [conv state, delta-rule state] in an

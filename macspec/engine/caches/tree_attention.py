@@ -30,7 +30,8 @@ import mlx.nn as nn
 from mlx_lm.models import rope_utils
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
-from macspec.engine import recurrent, treerecurrent
+from macspec.engine.caches import recurrent
+from macspec.engine.caches import tree_recurrent as treerecurrent
 
 _active = threading.local()
 """`.positions`: (M,) positions of the pass's rows relative to the cache's offset;

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from macspec.engine.sampling import SamplingParams
+from macspec.engine.core.sampling import SamplingParams
 from macspec.errors import MacspecError
 
 

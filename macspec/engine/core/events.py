@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from macspec.engine.cycle import Cycle
-from macspec.engine.stats import Stats
+from macspec.engine.core.cycle import Cycle
+from macspec.engine.core.stats import Stats
 
 __all__ = ["Cycle", "Done", "Event", "Prefill", "Source", "Token"]
 

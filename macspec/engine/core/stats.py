@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from macspec.engine.cycle import Cycle
+from macspec.engine.core.cycle import Cycle
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from macspec.engine.sampling import sample
+from macspec.engine.core.sampling import sample
 
 
 @dataclass(frozen=True)

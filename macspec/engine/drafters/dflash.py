@@ -23,10 +23,10 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
-from macspec.engine.drafters import Draft, device_draft
-from macspec.engine.mtp import embedding_and_head
-from macspec.engine.sampling import Draws, SamplingParams, probabilities
-from macspec.engine.taps import Hidden, HiddenRows, HiddenSpec, inner_model
+from macspec.engine.core.sampling import Draws, SamplingParams, probabilities
+from macspec.engine.core.taps import Hidden, HiddenRows, HiddenSpec, inner_model
+from macspec.engine.drafters.model import Draft, device_draft
+from macspec.engine.drafters.mtp import embedding_and_head
 from macspec.errors import MacspecError
 
 

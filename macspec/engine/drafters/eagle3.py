@@ -29,9 +29,9 @@ import mlx.nn as nn
 from mlx_lm.models import llama
 from mlx_lm.models.base import create_attention_mask
 
-from macspec.engine.mtp import PairCache, embedding_and_head
-from macspec.engine.sampling import Draws, SamplingParams, probabilities
-from macspec.engine.taps import Hidden, HiddenSpec
+from macspec.engine.core.sampling import Draws, SamplingParams, probabilities
+from macspec.engine.core.taps import Hidden, HiddenSpec
+from macspec.engine.drafters.mtp import PairCache, embedding_and_head
 
 
 @dataclass(frozen=True)

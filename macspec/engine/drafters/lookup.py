@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.sampling import Draws, SamplingParams
-from macspec.engine.stats import Ema
+from macspec.engine.core.sampling import Draws, SamplingParams
+from macspec.engine.core.stats import Ema
+from macspec.engine.drafters.model import Draft, Drafter
 
 
 @dataclass(frozen=True)

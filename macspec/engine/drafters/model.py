@@ -13,8 +13,8 @@ from typing import Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
-from macspec.engine.sampling import Draws, SamplingParams, probabilities
+from macspec.engine.caches.cached import DEFAULT_CACHE, CachedModel, CacheOptions
+from macspec.engine.core.sampling import Draws, SamplingParams, probabilities
 
 
 @dataclass

@@ -25,9 +25,9 @@ from mlx_lm.models import qwen3_5
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from macspec.engine.drafters import Draft, device_draft
-from macspec.engine.sampling import Draws, SamplingParams, probabilities
-from macspec.engine.taps import Hidden, HiddenRows, HiddenSpec, inner_model
+from macspec.engine.core.sampling import Draws, SamplingParams, probabilities
+from macspec.engine.core.taps import Hidden, HiddenRows, HiddenSpec, inner_model
+from macspec.engine.drafters.model import Draft, device_draft
 
 MTP_TARGETS = ("qwen3_5", "qwen3_5_moe")
 """Target architectures a qwen3_5_mtp head drafts for."""

@@ -11,16 +11,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from macspec.engine.config import GenerationConfig
-from macspec.engine.events import Cycle, Done, Event, Prefill, Source, Token
-from macspec.engine.sampling import Randomness, choose_sampler
-from macspec.engine.stats import Stats
-from macspec.engine.stops import StopScanner
-from macspec.engine.wired import wired_limit
+from macspec.engine.core.config import GenerationConfig
+from macspec.engine.core.events import Cycle, Done, Event, Prefill, Source, Token
+from macspec.engine.core.sampling import Randomness, choose_sampler
+from macspec.engine.core.stats import Stats
+from macspec.engine.core.stops import StopScanner
+from macspec.engine.core.wired import wired_limit
 from macspec.errors import MacspecError
 
 if TYPE_CHECKING:
-    from macspec.engine.loop import Engine
+    from macspec.engine.generate.loop import Engine
 
 
 class AnswerState:

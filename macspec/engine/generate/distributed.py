@@ -28,9 +28,9 @@ from dataclasses import replace
 
 import mlx.core as mx
 
-from macspec.engine.events import Done, Event, Token
-from macspec.engine.policy import DraftPolicy
-from macspec.engine.sampling import choose_sampler
+from macspec.engine.core.events import Done, Event, Token
+from macspec.engine.core.sampling import choose_sampler
+from macspec.engine.policy.length import DraftPolicy
 from macspec.errors import MacspecError
 
 LAUNCH_VARIABLES = (
@@ -231,7 +231,7 @@ class DistributedEngine:
     ) -> Iterator[Event]:
         """The engine's events, the same on every rank. Every rank must pass a `cancelled` or
         none: with one, rank 0's answer is shared after every token."""
-        from macspec.engine.loop import GenerationConfig
+        from macspec.engine.generate.loop import GenerationConfig
 
         config = config if config is not None else GenerationConfig()
         prompt = [int(t) for t in prompt]

@@ -15,17 +15,17 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from macspec.engine import answer
-from macspec.engine.cached import DEFAULT_CACHE, CachedModel, CacheOptions
-from macspec.engine.config import GenerationConfig
-from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.events import Cycle, Event, Prefill, Source
-from macspec.engine.policy import AutoPolicy, DraftPolicy
-from macspec.engine.sampling import Randomness, SamplingParams, probabilities
-from macspec.engine.stats import Stats
-from macspec.engine.tree import TreeDraft
-from macspec.engine.treecycle import propose_tree, verify_tree
-from macspec.engine.verify import counted_guesses, greedy_verdict, sampled_verdict
+from macspec.engine.caches.cached import DEFAULT_CACHE, CachedModel, CacheOptions
+from macspec.engine.core.config import GenerationConfig
+from macspec.engine.core.events import Cycle, Event, Prefill, Source
+from macspec.engine.core.sampling import Randomness, SamplingParams, probabilities
+from macspec.engine.core.stats import Stats
+from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
+from macspec.engine.drafters.model import Draft, Drafter
+from macspec.engine.generate import answer
+from macspec.engine.policy.length import AutoPolicy, DraftPolicy
+from macspec.engine.trees.cycle import propose_tree, verify_tree
+from macspec.engine.trees.shapes import TreeDraft
 
 CLEAR_CACHE_EVERY = 256
 """Decoded ids between emptyings of MLX's buffer cache (mlx-lm's generate does the same)."""
@@ -38,7 +38,7 @@ MAX_REFEED = 8
 DEFAULT_GENERATION = GenerationConfig()
 """Greedy, 256 tokens, no stops: what `generate` does when told nothing."""
 
-__all__ = ["Engine", "GenerationConfig"]  # GenerationConfig lives in engine/config.py
+__all__ = ["Engine", "GenerationConfig"]  # GenerationConfig lives in engine/core/config.py
 
 
 @dataclass
@@ -389,8 +389,8 @@ class Engine:
         config: GenerationConfig = DEFAULT_GENERATION,
         cancelled: Callable[[], bool] | None = None,
     ) -> Iterator[Event]:
-        """Yield Token and Cycle events, then one Done (engine/answer.py turns the raw loop's
-        ids into text, stops and stats).
+        """Yield Token and Cycle events, then one Done (engine/generate/answer.py turns the raw
+        loop's ids into text, stops and stats).
 
         The prompt must leave room in `config.context_length`; the answer ends at it.
 

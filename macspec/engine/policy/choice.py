@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from macspec.engine.cycle import Cycle
-from macspec.engine.drafters import Draft, Drafter
-from macspec.engine.policy import AutoPolicy
-from macspec.engine.sampling import Draws, SamplingParams
-from macspec.engine.taps import Hidden, HiddenSpec
+from macspec.engine.core.cycle import Cycle
+from macspec.engine.core.sampling import Draws, SamplingParams
+from macspec.engine.core.taps import Hidden, HiddenSpec
+from macspec.engine.drafters.model import Draft, Drafter
+from macspec.engine.policy.length import AutoPolicy
 
 
 class DrafterChoice:

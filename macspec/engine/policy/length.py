@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from macspec.engine.events import Cycle
-from macspec.engine.stats import Ema
+from macspec.engine.core.events import Cycle
+from macspec.engine.core.stats import Ema
 from macspec.errors import MacspecError
 
 

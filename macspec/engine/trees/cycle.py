@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from macspec.engine import treeattn, treedraft
-from macspec.engine.cycle import Cycle, TreeOutcome
-from macspec.engine.sampling import Randomness, SamplingParams, probabilities
-from macspec.engine.taps import Hidden
-from macspec.engine.tree import TreeDraft
-from macspec.engine.treeverdict import (
+from macspec.engine.caches import tree_attention as treeattn
+from macspec.engine.core.cycle import Cycle, TreeOutcome
+from macspec.engine.core.sampling import Randomness, SamplingParams, probabilities
+from macspec.engine.core.taps import Hidden
+from macspec.engine.trees import propose as treedraft
+from macspec.engine.trees.shapes import TreeDraft
+from macspec.engine.trees.verdict import (
     ancestors,
     greedy_tree_verdict,
     positions,
@@ -27,7 +28,7 @@ from macspec.engine.treeverdict import (
 )
 
 if TYPE_CHECKING:
-    from macspec.engine.loop import Engine
+    from macspec.engine.generate.loop import Engine
 
 
 def verify_tree(

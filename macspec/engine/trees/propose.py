@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from macspec.engine import treeattn
-from macspec.engine.dflash import DFlashDrafter
-from macspec.engine.drafters import ModelDrafter
-from macspec.engine.eagle3 import Eagle3Drafter
-from macspec.engine.mtp import MTPDrafter
-from macspec.engine.sampling import Randomness, SamplingParams
-from macspec.engine.tree import Scorer, Shape, TreeDraft, ddtree, grow
+from macspec.engine.caches import tree_attention as treeattn
+from macspec.engine.core.sampling import Randomness, SamplingParams
+from macspec.engine.drafters.dflash import DFlashDrafter
+from macspec.engine.drafters.eagle3 import Eagle3Drafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.trees.shapes import Scorer, Shape, TreeDraft, ddtree, grow
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from functools import cached_property
 
 import mlx.core as mx
 
-from macspec.engine.sampling import Randomness, SamplingParams, probabilities
+from macspec.engine.core.sampling import Randomness, SamplingParams, probabilities
 
 FLOOR = -100.0
 """Log-probabilities below this count as this (e^-100 is nothing): cumulative scores stay

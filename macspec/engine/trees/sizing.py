@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from macspec.engine import treeattn, treedraft
-from macspec.engine.cycle import Cycle
-from macspec.engine.policy import DraftPolicy, tree_size
-from macspec.engine.stats import Ema
-from macspec.engine.tree import Shape, best_first, expected_kept
-from macspec.engine.treedraft import TreePlan
+from macspec.engine.caches import tree_attention as treeattn
+from macspec.engine.core.cycle import Cycle
+from macspec.engine.core.stats import Ema
+from macspec.engine.policy.length import DraftPolicy, tree_size
+from macspec.engine.trees import propose as treedraft
+from macspec.engine.trees.propose import TreePlan
+from macspec.engine.trees.shapes import Shape, best_first, expected_kept
 
 RANKS = 8
 """Candidate ranks tracked per depth (a tree asks for no more children than this)."""

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from macspec.engine.sampling import sample
-from macspec.engine.tree import TreeDraft
+from macspec.engine.core.sampling import sample
+from macspec.engine.trees.shapes import TreeDraft
 
 
 def ancestors(tree: TreeDraft) -> mx.array:
