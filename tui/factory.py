@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 
 from macspec.chat.session import ChatModels, ChatSession, downloaded_pairs, open_models
 from macspec.chat.store import ModelInfo, Store
-from macspec.engine.cached import CacheOptions
-from macspec.engine.loop import Engine, GenerationConfig
+from macspec.engine.caches.cached import CacheOptions
+from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.models.catalog import Pair, resolve_models
 from macspec.models.flags import needs_draft_model
 from macspec.prefix.settings import DiskCacheSettings

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from macspec.engine.events import Cycle, Done, Token
-from macspec.engine.stats import Stats, sources_line
+from macspec.engine.core.events import Cycle, Done, Token
+from macspec.engine.core.stats import Stats, sources_line
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.message import Message
 
 from macspec.chat.session import ChatModels
-from macspec.engine.events import Done, Source
+from macspec.engine.core.events import Done, Source
 from tui.live import Figures
 
 

@@ -15,8 +15,8 @@ from textual.message import Message
 
 from macspec.chat.session import ChatSession, ContextTrimmed, NotSaved
 from macspec.chat.store import ModelInfo, StoredMessage
-from macspec.engine.events import Done, Token
-from macspec.engine.stats import acceptance_text, summary_line, token_count
+from macspec.engine.core.events import Done, Token
+from macspec.engine.core.stats import acceptance_text, summary_line, token_count
 from macspec.errors import MacspecError
 from tui.live import LiveFigures, without_timings
 from tui.messages import Chunk, Finished, Noticed, Rejected, Started

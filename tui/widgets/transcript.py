@@ -26,7 +26,7 @@ from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 from macspec.chat.records import StoredMessage
-from macspec.engine.events import Source
+from macspec.engine.core.events import Source
 from macspec.models.reasoning import ReasoningSplitter
 from tui.turn import stored_summary
 
