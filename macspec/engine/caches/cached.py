@@ -30,29 +30,17 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import (
     ArraysCache,
-    ConcatenateKVCache,
-    KVCache,
-    QuantizedKVCache,
-    RotatingKVCache,
 )
 
 from macspec.engine.caches import recurrent
 from macspec.engine.caches.blocks import Boundaries
+from macspec.engine.caches.rollback import rollback_of
 from macspec.engine.core.config import DEFAULT_CACHE, CacheOptions  # noqa: F401  (re-exported)
 from macspec.engine.core.taps import Hidden, HiddenSpec, Taps
 from macspec.errors import MacspecError
 
 PREFILL_CHUNK = 2048
 """Prompt ids per prefill pass, as mlx-lm's generate: bounded memory, full GPU batches."""
-
-ALWAYS_TRIMMABLE = (KVCache, QuantizedKVCache, ConcatenateKVCache)
-"""Cache types whose `trim` is exact at any length: they never need a checkpoint."""
-
-
-def _layer_length(layer_cache: Any) -> int | None:
-    """Ids a layer holds, where it says (attention caches); None for recurrent state."""
-    offset = getattr(layer_cache, "offset", None)
-    return int(offset) if isinstance(offset, int) else None
 
 
 def snapshot(value: Any) -> Any:
@@ -76,41 +64,6 @@ def snapshot(value: Any) -> Any:
         clone.__dict__.update(snapshot(vars(value)))
         return clone
     raise TypeError(f"cannot checkpoint a {type(value).__name__}")
-
-
-def _window_rows(layer_cache: RotatingKVCache) -> int:
-    """Rows of a sliding-window cache that hold ids (its buffer can be larger than that)."""
-    return min(layer_cache.offset, layer_cache.keys.shape[2])
-
-
-def trims_exactly(layer_cache: Any, n: int) -> bool:
-    """Whether the newest `n` ids can be taken out of this layer exactly.
-
-    A wrapped sliding window can, right after a pass over several ids: that pass kept the
-    window's worth of older rows besides its own, so dropping all but one of its own still
-    leaves every row the next ids attend to.
-    """
-    if n <= 0 or layer_cache.is_trimmable():
-        return True
-    if isinstance(layer_cache, RotatingKVCache) and layer_cache.keys is not None:
-        # Full windows keep at least max_size rows: mlx-lm's one-id step assumes it.
-        left = _window_rows(layer_cache) - n
-        return left >= min(layer_cache.offset - n, layer_cache.max_size)
-    return False
-
-
-def trim_layer(layer_cache: Any, n: int) -> None:
-    """Take the newest `n` ids out of a layer (`trims_exactly` said it can)."""
-    if layer_cache.is_trimmable():
-        layer_cache.trim(n)
-        return
-    # A wrapped window: put the rows in time order (mlx-lm's own helper), then cut the end.
-    keys = layer_cache._temporal_order(layer_cache.keys)
-    values = layer_cache._temporal_order(layer_cache.values)
-    rows = _window_rows(layer_cache) - n
-    layer_cache.keys, layer_cache.values = keys[..., :rows, :], values[..., :rows, :]
-    layer_cache.offset -= n
-    layer_cache._idx = rows
 
 
 @dataclass
@@ -217,12 +170,12 @@ class CachedModel:
     @property
     def needs_checkpoints(self) -> bool:
         """Whether some layer may be unable to trim (recurrent state, a sliding window)."""
-        return not all(isinstance(c, ALWAYS_TRIMMABLE) for c in self.cache)
+        return not all(rollback_of(c).always_exact for c in self.cache)
 
     def require_rollback(self) -> None:
         """Refuse, at load, a cache this class can neither trim nor checkpoint."""
         for layer_cache in self.cache:
-            if isinstance(layer_cache, ALWAYS_TRIMMABLE):
+            if rollback_of(layer_cache).always_exact:
                 continue
             try:
                 snapshot(vars(layer_cache))
@@ -299,7 +252,7 @@ class CachedModel:
         layers = {
             i: snapshot(vars(c))
             for i, c in enumerate(self.cache)
-            if not isinstance(c, ALWAYS_TRIMMABLE)
+            if not rollback_of(c).always_exact
         }
         self._checkpoints[slot] = Checkpoint(len(self), layers)
         # Record the pass that follows a cycle's checkpoint: Gated DeltaNet layers then roll
@@ -309,10 +262,12 @@ class CachedModel:
     def can_trim_to(self, length: int) -> bool:
         """Whether every layer holding more than `length` ids can trim them away exactly."""
         for layer_cache in self.cache:
-            held = _layer_length(layer_cache)
+            held = rollback_of(layer_cache).length(layer_cache)
             if held is None:
                 held = len(self)
-            if held > length and not trims_exactly(layer_cache, held - length):
+            if held > length and not rollback_of(layer_cache).trims_exactly(
+                layer_cache, held - length
+            ):
                 return False
         return True
 
@@ -325,14 +280,14 @@ class CachedModel:
         (Ctrl-C between layers) still leaves every layer at the same, consistent length.
         """
         length = max(0, min(length, len(self)))
-        lengths = [_layer_length(c) for c in self.cache]
+        lengths = [rollback_of(c).length(c) for c in self.cache]
         longer = any(n is not None and n > length for n in lengths)
         if length == len(self) and not longer:
             return length
         if self.can_trim_to(length):
             for layer_cache, n in zip(self.cache, lengths):
                 if n is not None and n > length:
-                    trim_layer(layer_cache, n - length)
+                    rollback_of(layer_cache).trim(layer_cache, n - length)
         elif not self._rewind_recorded(length, lengths):
             length = self._restore(length)
         self._pass = None
@@ -348,7 +303,10 @@ class CachedModel:
         before, fed, record = self._pass
         recurrent_layers = [c for c in self.cache if isinstance(c, ArraysCache)]
         others_trim = all(
-            isinstance(c, ArraysCache) or n is None or n <= length or trims_exactly(c, n - length)
+            isinstance(c, ArraysCache)
+            or n is None
+            or n <= length
+            or rollback_of(c).trims_exactly(c, n - length)
             for c, n in zip(self.cache, lengths)
         )
         if not (before <= length <= before + fed and others_trim):
@@ -359,7 +317,7 @@ class CachedModel:
             layer_cache[0], layer_cache[1] = recurrent.states_after(record, index, length - before)
         for layer_cache, n in zip(self.cache, lengths):
             if not isinstance(layer_cache, ArraysCache) and n is not None and n > length:
-                trim_layer(layer_cache, n - length)
+                rollback_of(layer_cache).trim(layer_cache, n - length)
         return True
 
     def _restore(self, length: int) -> int:
@@ -375,9 +333,9 @@ class CachedModel:
                 layer_cache.__dict__.clear()
                 layer_cache.__dict__.update(snapshot(checkpoint.layers[i]))
             else:
-                held = _layer_length(layer_cache)
+                held = rollback_of(layer_cache).length(layer_cache)
                 if held is not None and held > checkpoint.length:
-                    trim_layer(layer_cache, held - checkpoint.length)
+                    rollback_of(layer_cache).trim(layer_cache, held - checkpoint.length)
         self.restores += 1
         return checkpoint.length
 
