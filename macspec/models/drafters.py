@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from macspec.errors import MacspecError
+from macspec.models.heads import load_into, quantize_like, read_config, read_weights, text_config
 
 MTP_TYPE = "qwen3_5_mtp"
 GENERIC_MTP_TYPE = "mtp"
@@ -36,16 +36,6 @@ NORM_SUFFIXES = (
 )
 """RMSNorm weights of an MTP head. Hugging Face stores them centred on 0 (the layer multiplies
 by 1 + w); MLX's RMSNorm multiplies by w, so a conversion adds 1, once."""
-
-
-def read_config(folder: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise MacspecError(f"{folder}: cannot read config.json ({exc})") from None
-    if not isinstance(config, dict):
-        raise MacspecError(f"{folder}: config.json is not a JSON object")
-    return config
 
 
 def drafter_kind(folder: Path) -> str:
@@ -66,47 +56,8 @@ def drafter_kind(folder: Path) -> str:
     return "model"
 
 
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A model config's language part (VLM checkpoints nest it under text_config)."""
-    return config.get("text_config") or config
-
-
 def _target_type(target_config: dict[str, Any]) -> str:
     return str(text_config(target_config).get("model_type", target_config.get("model_type", "")))
-
-
-def _weights(folder: Path) -> dict[str, mx.array]:
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise MacspecError(f"{folder}: no *.safetensors weights")
-    weights: dict[str, mx.array] = {}
-    for file in files:
-        try:
-            weights.update(mx.load(str(file)))
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise MacspecError(f"{file}: cannot read the weights ({exc})") from None
-    return weights
-
-
-def _quantize(module: nn.Module, config: dict[str, Any], weights: dict[str, mx.array]) -> None:
-    """Quantize the layers the weights hold scales for, as mlx_lm.load does."""
-    quantization = config.get("quantization")
-    if not quantization:
-        return
-    nn.quantize(
-        module,
-        group_size=quantization["group_size"],
-        bits=quantization["bits"],
-        class_predicate=lambda path, _: f"{path}.scales" in weights,
-    )
-
-
-def _load_into(module: nn.Module, weights: dict[str, mx.array], folder: Path) -> None:
-    try:
-        module.load_weights(list(weights.items()))
-    except ValueError as exc:
-        raise MacspecError(f"{folder}: the weights do not fit the config ({exc})") from None
-    mx.eval(module.parameters())
 
 
 # -- MTP heads ----------------------------------------------------------------------------------
@@ -144,7 +95,7 @@ def load_mtp(folder: Path, target_config: dict[str, Any]):
 
     config = read_config(folder)
     head_config = check_mtp(folder, config, target_config)
-    weights = _weights(folder)
+    weights = read_weights(folder)
     mean = mtp_norm_mean(weights)
     if not 0.5 <= mean <= 1.5:
         state = (
@@ -162,8 +113,8 @@ def load_mtp(folder: Path, target_config: dict[str, Any]):
     if config.get("model_type") == MTP_TYPE:
         head_config = {**head_config, "model_type": "qwen3_5"}
     head = MTPHead(head_config, num_layers=layers)
-    _quantize(head, config, weights)
-    _load_into(head, weights, folder)
+    quantize_like(head, config, weights)
+    load_into(head, weights, folder)
     return head
 
 
@@ -268,8 +219,8 @@ def load_dflash(folder: Path, target_config: dict[str, Any]):
     config = read_config(folder)
     parsed = check_dflash(folder, config, target_config)
     target_hidden = text_config(target_config).get("hidden_size", parsed.hidden_size)
-    weights = {k.removeprefix("model."): v for k, v in _weights(folder).items()}
+    weights = {k.removeprefix("model."): v for k, v in read_weights(folder).items()}
     model = DFlashModel(parsed, target_hidden)
-    _quantize(model, config, weights)
-    _load_into(model, weights, folder)
+    quantize_like(model, config, weights)
+    load_into(model, weights, folder)
     return model

@@ -23,7 +23,7 @@ import mlx.core as mx
 from mlx_lm.models.llama import ModelArgs as LayerArgs
 
 from macspec.errors import MacspecError
-from macspec.models.drafters import _load_into, _quantize, _weights, text_config
+from macspec.models.heads import load_into, quantize_like, read_config, read_weights, text_config
 from macspec.models.loader import safetensors_problem
 
 EAGLE3_TARGETS = ("llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "qwen3_5", "qwen3_5_moe")
@@ -194,14 +194,13 @@ def _head_weights(weights: dict[str, mx.array], parsed) -> dict[str, mx.array]:
 def load_eagle3(folder: Path, target_config: dict[str, Any]):
     """An EAGLE-3 head from its folder (checked as `check_eagle3` does, then loaded)."""
     from macspec.engine.drafters.eagle3 import Eagle3Head
-    from macspec.models.drafters import read_config
 
     config = read_config(folder)
     parsed = check_eagle3(folder, config, target_config)
-    weights = _head_weights(_weights(folder), parsed)
+    weights = _head_weights(read_weights(folder), parsed)
     head = Eagle3Head(parsed)
-    _quantize(head, config, weights)
-    _load_into(head, weights, folder)
+    quantize_like(head, config, weights)
+    load_into(head, weights, folder)
     if parsed.maps_vocabulary:
         targets = mx.arange(parsed.draft_vocab_size) + head.d2t
         low, high = int(targets.min().item()), int(targets.max().item())

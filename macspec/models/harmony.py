@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 
-from macspec.models.answer_stream import Call, Piece, Reasoning, Text, partial_suffix, unparsed
+from macspec.models.pieces import Call, Piece, Reasoning, Text, partial_suffix, unparsed
 from macspec.models.tools import HARMONY, ToolCall, new_call_id
 
 MESSAGE, END, START = "<|message|>", "<|end|>", "<|start|>"

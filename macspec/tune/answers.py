@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,27 +10,8 @@ import mlx.nn as nn
 from macspec.engine.core.events import Done
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
-
-if TYPE_CHECKING:
-    from macspec.tune.cache import AnswerCache
-
-
-@dataclass
-class Example:
-    """One training conversation: the prompt's ids, then the target's answer."""
-
-    tokens: list[int]
-    """Prompt ids followed by the answer's ids (and the end of sequence, if the target ended)."""
-    offset: int
-    """Where the answer starts: the loss counts predictions of tokens[offset:] only."""
-    top_ids: mx.array | None = None
-    """(answer length, top k) ids of the target's likeliest tokens at each answer position."""
-    top_logprobs: mx.array | None = None
-    """Their log-probabilities (the target's full softmax, not renormalised)."""
-
-    @property
-    def answer_length(self) -> int:
-        return len(self.tokens) - self.offset
+from macspec.tune.cache import AnswerCache
+from macspec.tune.examples import Example
 
 
 def generate_answers(

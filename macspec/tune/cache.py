@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from macspec.models.home import macspec_home
-from macspec.tune.answers import Example
+from macspec.tune.examples import Example
 
 CACHE_FILE = "tune-answers.sqlite"
 

@@ -24,7 +24,8 @@ from macspec.chat.store import default_database_path
 from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.catalog import ResolvedModels, resolve_models
-from macspec.models.drafters import drafter_kind, read_config
+from macspec.models.drafters import drafter_kind
+from macspec.models.heads import read_config
 from macspec.models.loader import LoadedModels, check_same_tokenizer, load_models
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
 from macspec.tune import save

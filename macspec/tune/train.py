@@ -22,7 +22,7 @@ from mlx_lm.tuner.trainer import TrainingArgs, default_loss, iterate_batches, tr
 from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
 from mlx_lm.utils import dequantize_model
 
-from macspec.tune.answers import Example
+from macspec.tune.examples import Example
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,65 @@
+"""Reading a drafter head's folder: its config, its safetensors weights, and the quantization
+and loading mlx_lm.load would apply; shared by the MTP, DFlash and EAGLE-3 loaders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macspec.errors import MacspecError
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """A model folder's config.json, as a dict."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise MacspecError(f"{folder}: cannot read config.json ({exc})") from None
+    if not isinstance(config, dict):
+        raise MacspecError(f"{folder}: config.json is not a JSON object")
+    return config
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A model config's language part (VLM checkpoints nest it under text_config)."""
+    return config.get("text_config") or config
+
+
+def read_weights(folder: Path) -> dict[str, mx.array]:
+    """Every tensor of a folder's *.safetensors files."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise MacspecError(f"{folder}: no *.safetensors weights")
+    weights: dict[str, mx.array] = {}
+    for file in files:
+        try:
+            weights.update(mx.load(str(file)))
+        except (RuntimeError, ValueError, OSError) as exc:
+            raise MacspecError(f"{file}: cannot read the weights ({exc})") from None
+    return weights
+
+
+def quantize_like(module: nn.Module, config: dict[str, Any], weights: dict[str, mx.array]) -> None:
+    """Quantize the layers the weights hold scales for, as mlx_lm.load does."""
+    quantization = config.get("quantization")
+    if not quantization:
+        return
+    nn.quantize(
+        module,
+        group_size=quantization["group_size"],
+        bits=quantization["bits"],
+        class_predicate=lambda path, _: f"{path}.scales" in weights,
+    )
+
+
+def load_into(module: nn.Module, weights: dict[str, mx.array], folder: Path) -> None:
+    """Load the weights into the module, a mismatch said as one line naming the folder."""
+    try:
+        module.load_weights(list(weights.items()))
+    except ValueError as exc:
+        raise MacspecError(f"{folder}: the weights do not fit the config ({exc})") from None
+    mx.eval(module.parameters())
