@@ -73,3 +73,8 @@ EXPECTED_COLUMNS = {
     ),
 }
 """The columns MIGRATIONS make, which the reads use."""
+
+
+def schema_version(migrations: list[str]) -> int:
+    """A schema's version: how many migration steps made it."""
+    return len(migrations)

@@ -39,7 +39,7 @@ from macspec.chat.records import (
     summary_from_row,
     title_for,
 )
-from macspec.chat.schema import EXPECTED_COLUMNS, MIGRATIONS
+from macspec.chat.schema import EXPECTED_COLUMNS, MIGRATIONS, schema_version
 from macspec.errors import MacspecError
 from macspec.models.home import macspec_home
 
@@ -75,11 +75,6 @@ def existing_database() -> Path | None:
 
 BUSY_TIMEOUT_S = 10.0
 """How long a write waits for another process's lock before it gives up (and says so)."""
-
-
-def schema_version(migrations: list[str]) -> int:
-    """A schema's version: how many migration steps made it."""
-    return len(migrations)
 
 
 class Store:
