@@ -26,9 +26,17 @@ REPO = Path(__file__).resolve().parents[1]
 class BroadcastDrafter:
     """Rank 0 drafts with `inner`; every rank gets rank 0's guesses through one all_gather."""
 
+    needs = None  # the Drafter protocol's defaults (subclassing it would load MLX here)
+
     def __init__(self, inner, group):
         self.inner, self.group = inner, group
         self.name = inner.name
+
+    def caches(self) -> list:
+        return []
+
+    def active(self):
+        return self
 
     def start(self, prompt) -> None:
         if self.group.rank() == 0:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from macspec.bench.prompts import GROUNDED
 from macspec.engine.core.events import Cycle, Done
 from macspec.engine.drafters.lookup import LookupDrafter
-from macspec.engine.drafters.model import Draft
+from macspec.engine.drafters.protocol import Draft
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
 from macspec.models.catalog import resolve_models

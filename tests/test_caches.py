@@ -16,7 +16,8 @@ from mlx_lm.models.cache import ArraysCache, RotatingKVCache
 
 from macspec.engine.caches.cached import CachedModel
 from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.drafters.model import Draft, ModelDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
@@ -172,7 +173,7 @@ def test_closing_mid_cycle_leaves_the_delivered_prefix(tok, kind):
 
 
 # -- a rejection costs no extra target pass ---------------------------------------------------
-class ScriptedDrafter:
+class ScriptedDrafter(Drafter):
     """Proposes the target's own greedy continuation with a wrong id at fixed positions, so
     two targets with the same outputs see exactly the same acceptance pattern."""
 

@@ -16,12 +16,13 @@ from macspec.cli import main
 from macspec.engine.core.events import Cycle
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.drafters.lookup import LookupDrafter
+from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.policy.choice import DrafterChoice
 from macspec.models.build import build_engine, model_labels
 from macspec.models.catalog import resolve_models
 
 
-class Named:
+class Named(Drafter):
     """A drafter as the choice sees it from its policy side: a name."""
 
     def __init__(self, name: str):

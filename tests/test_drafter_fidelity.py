@@ -28,8 +28,8 @@ from mlx_vlm.speculative.drafters.qwen3_5_mtp import Qwen3_5MTPDraftModel
 
 from macspec.engine.core import taps as taps_module
 from macspec.engine.drafters.dflash import DFlashDrafter
-from macspec.engine.drafters.model import Draft
 from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.drafters.protocol import Draft
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
 from macspec.models.drafters import load_dflash, load_mtp

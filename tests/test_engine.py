@@ -12,7 +12,7 @@ from losslesskit import PROMPTS, reference
 from macspec.engine.core.events import Cycle, Done, Source, Token
 from macspec.engine.drafters.model import ModelDrafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
-from macspec.engine.policy.length import AutoPolicy, FixedPolicy
+from macspec.engine.policy.length import AutoPolicy, DraftPolicy, FixedPolicy
 
 MAX_TOKENS = 24
 
@@ -119,7 +119,7 @@ def test_plain_decoding_is_mlx_lm_greedy(tok, target, prompt_ids, references):
     assert ended  # some answers end on EOS, so both cases are checked
 
 
-class NeverGuess:
+class NeverGuess(DraftPolicy):
     """A policy that keeps a drafter but never asks it: what `auto` does where guessing
     cannot pay."""
 

@@ -18,7 +18,8 @@ from macspec.cli import main
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.core.stats import Stats, sources_line, summary_line
 from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter, NgramIndex
-from macspec.engine.drafters.model import Draft, ModelDrafter
+from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import AutoPolicy, FixedPolicy
 from macspec.errors import MacspecError
@@ -135,7 +136,7 @@ def test_index_work_is_constant_per_token():
 
 
 # -- the hybrid's choice -------------------------------------------------------------------------
-class ScriptedModel:
+class ScriptedModel(Drafter):
     """A stand-in draft model: proposes `guess`, records what the hybrid asks of it."""
 
     name = "model"

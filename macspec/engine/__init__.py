@@ -7,8 +7,8 @@ __getattr__, __all__ = lazy_exports(
     {
         "Engine": "generate.loop",
         "GenerationConfig": "generate.loop",
-        "Draft": "drafters.model",
-        "Drafter": "drafters.model",
+        "Draft": "drafters.protocol",
+        "Drafter": "drafters.protocol",
         "ModelDrafter": "drafters.model",
         "HybridDrafter": "drafters.lookup",
         "LookupDrafter": "drafters.lookup",

@@ -9,8 +9,9 @@ from macspec.engine.caches.cached import DEFAULT_CACHE, CacheOptions
 from macspec.engine.drafters.dflash import DFlashDrafter
 from macspec.engine.drafters.eagle3 import Eagle3Drafter
 from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
-from macspec.engine.drafters.model import Drafter, ModelDrafter
+from macspec.engine.drafters.model import ModelDrafter
 from macspec.engine.drafters.mtp import MTPDrafter
+from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.generate.loop import Engine
 from macspec.engine.policy.choice import DrafterChoice
 from macspec.engine.policy.length import make_policy, tree_size

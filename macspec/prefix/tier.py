@@ -22,6 +22,7 @@ from macspec.engine.caches.cached import CachedModel, SavedCache
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.events import Done, Event
 from macspec.engine.core.stats import Stats
+from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.generate.loop import Engine
 from macspec.models.catalog import ResolvedModels
 from macspec.prefix.binding import ModelChain, Restored, Tally, Watch
@@ -36,14 +37,10 @@ TARGET, DRAFT = "target model", "draft model"
 """The names of the caches the tier stores (CachedModel.name)."""
 
 
-def draft_state(drafter) -> CachedModel | None:
+def draft_state(drafter: Drafter | None) -> CachedModel | None:
     """The draft model's cache of a drafter (a model drafter, a hybrid's, --draft auto's)."""
-    for candidate in [drafter, *getattr(drafter, "drafters", {}).values()]:
-        for holder in (candidate, getattr(candidate, "model", None)):
-            state = getattr(holder, "state", None)
-            if isinstance(state, CachedModel):
-                return state
-    return None
+    caches = drafter.caches() if drafter is not None else []
+    return caches[0] if caches else None
 
 
 @dataclass

@@ -171,8 +171,9 @@ class BatchWorker(Worker):
                 start_from=start[0] if start else None,
             )
             holder.append(row)
-            if start and len(start) > 1 and getattr(row.drafter, "state", None) is not None:
-                row.drafter.state.load(start[1])
+            caches = row.drafter.caches() if row.drafter is not None else []
+            if start and len(start) > 1 and caches:
+                caches[0].load(start[1])
             if disk is not None:
                 disk.watch_row(row, started)
         except Exception as exc:

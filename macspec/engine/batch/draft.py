@@ -18,7 +18,8 @@ import mlx.nn as nn
 from macspec.engine.caches.cached import SavedCache
 from macspec.engine.caches.rows import RowsKVCache, rows_caches
 from macspec.engine.core.sampling import probabilities
-from macspec.engine.drafters.model import Draft, ModelDrafter, device_draft
+from macspec.engine.drafters.model import ModelDrafter, device_draft
+from macspec.engine.drafters.protocol import Draft
 
 
 class BatchDraftModel:

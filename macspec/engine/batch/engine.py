@@ -13,7 +13,6 @@ events. A finished row leaves the batch at once.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -31,9 +30,8 @@ from macspec.engine.caches.rows import RowsArraysCache, RowsKVCache, rows_caches
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.events import Cycle, Prefill, Source
 from macspec.engine.core.taps import Hidden, Taps
-from macspec.engine.drafters.model import Draft, Drafter
+from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate.answer import AnswerState
-from macspec.engine.policy.choice import DrafterChoice
 from macspec.engine.policy.length import AutoPolicy, DraftPolicy
 
 PREFILL_CHUNK = 512
@@ -80,7 +78,7 @@ class BatchEngine:
         """A drafter of the kind every row gets (for its name and what it reads)."""
         self.batch_draft = BatchDraftModel.able(self.drafter)
         """Draft-model rows drafting in batched steps (None: each row drafts on its own)."""
-        needs = getattr(self.drafter, "needs", None)
+        needs = self.drafter.needs if self.drafter is not None else None
         self.taps = Taps(target, needs) if needs is not None else None
         self.passes = 0
         """Batched target passes run (one per cycle, whatever the number of rows)."""
@@ -106,11 +104,10 @@ class BatchEngine:
         drafter = self.new_drafter() if self.new_drafter is not None else None
         policy = self.new_policy(drafter) if drafter is not None else None
         if policy is not None:
-            carry_figures(self._learned, policy)
-            begin = getattr(policy, "begin", None)
-            if begin is not None:  # --draft auto keeps its figures per temperature
-                begin(config.sampling)
-        if drafter is not None and getattr(drafter, "needs", None) is not None:
+            if self._learned is not None:
+                policy.carry_from(self._learned)
+            policy.begin(config.sampling)  # --draft auto keeps its figures per temperature
+        if drafter is not None and drafter.needs is not None:
             alone.tap(drafter.needs, drafter.add_hidden)
         pending = alone.reuse(prompt)
         answer.stats.prefilled_tokens = len(pending)
@@ -377,11 +374,8 @@ class BatchEngine:
             if self.batch_draft is not None:
                 saved.append(self.batch_draft.saved(index, row.context))
             else:
-                state = getattr(row.drafter, "state", None) or getattr(
-                    getattr(row.drafter, "model", None), "state", None
-                )
-                if isinstance(state, CachedModel):
-                    saved.append(state.save())
+                caches = row.drafter.caches() if row.drafter is not None else []
+                saved += [state.save() for state in caches]
             row.saved = saved
         if len(kept) == len(self.rows):
             return
@@ -390,19 +384,3 @@ class BatchEngine:
         if self.batch_draft is not None:
             self.batch_draft.keep_rows(kept)
         self.rows = [self.rows[i] for i in kept]
-
-
-def carry_figures(learned: DraftPolicy | None, policy: DraftPolicy) -> None:
-    """A new row's policy starts from what the last finished row measured (acceptance by
-    position, costs; for --draft auto each candidate's), rather than from nothing: rows come
-    and go, the device and the drafters stay."""
-    if learned is None or type(learned) is not type(policy):
-        return
-    if isinstance(policy, DrafterChoice):
-        if learned.drafters.keys() != policy.drafters.keys():
-            return
-        policy.policies, policy._others = copy.deepcopy((learned.policies, learned._others))
-        policy.temperature, policy.current = learned.temperature, learned.current
-        policy.reason, policy._unmeasured = learned.reason, list(learned._unmeasured)
-    elif isinstance(policy, AutoPolicy):
-        policy.__dict__.update(copy.deepcopy(learned.__dict__))

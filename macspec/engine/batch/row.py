@@ -10,7 +10,7 @@ from macspec.engine.caches.cached import CachedModel, SavedCache
 from macspec.engine.core.events import Done, Event
 from macspec.engine.core.sampling import probabilities
 from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
-from macspec.engine.drafters.model import Drafter
+from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.generate.answer import AnswerState
 from macspec.engine.policy.length import DraftPolicy
 

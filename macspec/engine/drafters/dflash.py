@@ -25,8 +25,9 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from macspec.engine.core.sampling import Draws, SamplingParams, probabilities
 from macspec.engine.core.taps import Hidden, HiddenRows, HiddenSpec, inner_model
-from macspec.engine.drafters.model import Draft, device_draft
+from macspec.engine.drafters.model import device_draft
 from macspec.engine.drafters.mtp import embedding_and_head
+from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.errors import MacspecError
 
 
@@ -173,7 +174,7 @@ class DFlashModel(nn.Module):
         return self.norm(h)
 
 
-class DFlashDrafter:
+class DFlashDrafter(Drafter):
     """Guesses a block at a time from the target's tapped layers."""
 
     name = "dflash"

@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from macspec.engine.caches.cached import CachedModel
 from macspec.engine.core.sampling import Draws, SamplingParams
 from macspec.engine.core.stats import Ema
-from macspec.engine.drafters.model import Draft, Drafter
+from macspec.engine.drafters.protocol import Draft, Drafter
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class NgramIndex:
         return None
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Prompt lookup: guesses the continuation of the context's last n-gram from earlier on.
 
     The context (prompt and generated text) is indexed incrementally: each `propose` indexes
@@ -195,7 +196,7 @@ def _kept(guess: Sequence[int], committed: Sequence[int]) -> int:
     return n
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     """A long lookup match when there is one and it has earned trust, else the draft model.
 
     Trust is measured where the choice is made, on contexts with a long match: a decayed mean
@@ -244,6 +245,9 @@ class HybridDrafter:
         self.lookup.rollback(keep)
         if self._pending is not None and keep < self._pending.at:
             self._pending = None  # the context shrank below the proposal: nothing to learn
+
+    def caches(self) -> list[CachedModel]:
+        return self.model.caches()
 
     def prefers_lookup(self) -> bool:
         lookup, model = self.kept["lookup"].value, self.kept["model"].value

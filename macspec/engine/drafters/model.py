@@ -1,71 +1,18 @@
-"""Where guesses come from. A drafter proposes up to k next tokens for the target to verify.
-
-The engine owns the committed sequence (`context`); a drafter only has to guess its next
-tokens and, after each cycle, `rollback` to the part of it that survived verification.
-"""
+"""The draft-model drafter: a small language model that shares the target's tokenizer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.caches.cached import DEFAULT_CACHE, CachedModel, CacheOptions
 from macspec.engine.core.sampling import Draws, SamplingParams, probabilities
+from macspec.engine.drafters.protocol import Draft, Drafter
 
 
-@dataclass
-class Draft:
-    """One cycle's guesses."""
-
-    tokens: list[int] | mx.array
-    """The guessed ids, in order (possibly fewer than asked for): a list, or a (k,) array still
-    on the device, which the engine reads with the verdict, in the cycle's one wait. After the
-    cycle the engine sets it to the list of guesses that counted."""
-    q: mx.array | None = None
-    """(len(tokens), V) distributions the guesses were drawn from; None: deterministic guesses."""
-    confidence: mx.array | None = None
-    """(len(tokens),) the drafter's top probability at each guess, for the policy's confidence
-    floor (applied on the device: guesses from the first one below it on do not count)."""
-    steps: int = 0
-    """Forward passes the drafter ran (its cost, for the draft-length policy)."""
-    fed: int = 0
-    """Ids the drafter's model processed, catch-up after plain target steps included."""
-    source: str = "model"
-    """Which kind of guess this is ('model', 'lookup'), for per-source acceptance."""
-
-
-class Drafter(Protocol):
-    """The interface the engine drafts through."""
-
-    name: str
-    """Shown in stats: 'model', 'lookup', ..."""
-
-    def start(self, prompt: Sequence[int]) -> None:
-        """A new generation begins with this prompt; prefill whatever state is reusable."""
-
-    def propose(
-        self,
-        context: Sequence[int],
-        k: int,
-        params: SamplingParams,
-        draws: Draws | None,
-        confidence_floor: float | None,
-    ) -> Draft:
-        """Guess up to k tokens after `context` (prompt + all committed tokens).
-
-        With a `confidence_floor`, stop before a guess whose top probability falls below it.
-        `draws` turns distributions into guesses when sampling (params.temperature > 0).
-        """
-
-    def rollback(self, keep: int) -> None:
-        """Forget state beyond the first `keep` ids of the context (rejected guesses)."""
-
-
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Guesses with a small language model that shares the target's tokenizer."""
 
     name = "model"
@@ -89,6 +36,9 @@ class ModelDrafter:
 
     def rollback(self, keep: int) -> None:
         self.state.trim_to(keep)
+
+    def caches(self) -> list[CachedModel]:
+        return [self.state]
 
     def propose(
         self,

@@ -27,7 +27,8 @@ from mlx_lm.models.cache import KVCache
 
 from macspec.engine.core.sampling import Draws, SamplingParams, probabilities
 from macspec.engine.core.taps import Hidden, HiddenRows, HiddenSpec, inner_model
-from macspec.engine.drafters.model import Draft, device_draft
+from macspec.engine.drafters.model import device_draft
+from macspec.engine.drafters.protocol import Draft, Drafter
 
 MTP_TARGETS = ("qwen3_5", "qwen3_5_moe")
 """Target architectures a qwen3_5_mtp head drafts for."""
@@ -80,7 +81,7 @@ def embedding_and_head(model: nn.Module) -> tuple[nn.Module, object]:
     return embed, embed.as_linear
 
 
-class PairCache:
+class PairCache(Drafter):
     """A head's KV cache of pairs (t_{i+1}, h_i) and its rollback, shared by the MTP and the
     EAGLE-3 drafters: only pairs built from the target's hidden states stay (positions < exact);
     those built from the head's own outputs go after each verify pass."""

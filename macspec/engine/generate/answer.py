@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.events import Cycle, Done, Event, Prefill, Source, Token
@@ -17,10 +17,24 @@ from macspec.engine.core.sampling import Randomness, choose_sampler
 from macspec.engine.core.stats import Stats
 from macspec.engine.core.stops import StopScanner
 from macspec.engine.core.wired import wired_limit
+from macspec.engine.drafters.protocol import Drafter
+from macspec.engine.policy.length import DraftPolicy
 from macspec.errors import MacspecError
 
-if TYPE_CHECKING:
-    from macspec.engine.generate.loop import Engine
+
+class Engine(Protocol):
+    """What an answer reads of the engine whose raw cycles it turns into text (the loop's
+    `Engine`, which imports this module; the batch engine feeds `AnswerState` itself)."""
+
+    tokenizer: Any
+    eos_ids: frozenset[int]
+    drafter: Drafter | None
+    policy: DraftPolicy | None
+
+    def cycles(
+        self, prompt: list[int], config: GenerationConfig, rng: Randomness | None, stats: Stats
+    ) -> Iterator[Prefill | Cycle | tuple[int, Source]]:
+        """The raw loop: Prefill, Cycle records and (token id, source) pairs."""
 
 
 class AnswerState:
@@ -33,7 +47,7 @@ class AnswerState:
 
     def __init__(
         self,
-        engine,
+        engine: Engine,
         prompt: list[int],
         config: GenerationConfig,
         cancelled: Callable[[], bool] | None = None,
@@ -105,10 +119,10 @@ class AnswerState:
         stats = self.stats
         stats.generated_tokens = len(self.tokens)
         stats.elapsed_s = time.perf_counter() - self.started
-        reason = getattr(engine.policy, "reason", None)  # --draft auto: which drafter, and why
-        if reason is not None:
-            stats.drafter_choice = reason
-        stats.tree_note = getattr(engine.policy, "tree_note", None)  # --draft-tree: why chains
+        policy = engine.policy
+        if policy is not None and policy.reason is not None:  # --draft auto: which, and why
+            stats.drafter_choice = policy.reason
+        stats.tree_note = policy.tree_note if policy is not None else None  # why chains
         if engine.drafter is not None and not stats.draft_proposed and stats.target_passes:
             stats.plain_reason = (
                 "plain: guessing does not pay here"

@@ -25,11 +25,13 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import mlx.core as mx
 
 from macspec.engine.core.events import Done, Event, Token
-from macspec.engine.core.sampling import choose_sampler
+from macspec.engine.core.sampling import SamplingParams, choose_sampler
+from macspec.engine.policy.choice import DrafterChoice
 from macspec.engine.policy.length import DraftPolicy
 from macspec.errors import MacspecError
 
@@ -137,7 +139,7 @@ class Exchange:
             raise Diverged(f"the ranks disagree on {what}: {values} by rank")
 
 
-class AgreedPolicy:
+class AgreedPolicy(DraftPolicy):
     """A draft-length policy whose choices rank 0 makes for every rank.
 
     Each rank's own policy still runs (it learns from the same cycles), but only rank 0's
@@ -155,20 +157,43 @@ class AgreedPolicy:
         """Cycles where this rank's own policy chose otherwise than rank 0's."""
         self.choices: list[int] = []
         """The agreed draft length of every cycle (plain steps included: 0), for tests."""
-        drafters = getattr(inner, "drafters", None)
-        self._names = list(drafters) if isinstance(drafters, dict) else []
+        self.choice = inner if isinstance(inner, DrafterChoice) else None
+        """The inner policy when it also picks the drafter of each cycle (`--draft auto`)."""
+        self._names = list(self.choice.drafters) if self.choice is not None else []
 
+    # -- the inner policy's figures and hooks, as they are ------------------------------------
     @property
     def confidence_floor(self) -> float | None:
         return self.inner.confidence_floor
 
-    def __getattr__(self, name: str):  # last_choice, reason, rates, ... of the inner policy
-        return getattr(self.inner, name)
+    @property
+    def wants_timings(self) -> bool:
+        return self.inner.wants_timings
+
+    @property
+    def last_choice(self) -> int:
+        return self.inner.last_choice
+
+    @property
+    def reason(self) -> str | None:
+        return self.inner.reason
+
+    @property
+    def tree_note(self) -> str | None:
+        return self.inner.tree_note
+
+    def bind(self, engine: Any) -> None:
+        self.inner.bind(engine)
+
+    def begin(self, params: SamplingParams) -> None:
+        self.inner.begin(params)
+
+    def tree_plan(self, k: int, context: list[int], greedy_or_coupled: bool) -> Any:
+        return self.inner.tree_plan(k, context, greedy_or_coupled)
 
     def draft_length(self) -> int:
         k = self.inner.draft_length()
-        current = getattr(self.inner, "current", None)
-        choice = self._names.index(current) if current in self._names else 0
+        choice = self._names.index(self.choice.current) if self.choice is not None else 0
         every = self.exchange.gather([k, choice, self.committed])
         sums = [row[2] for row in every]
         if len(set(sums)) > 1:
@@ -182,8 +207,8 @@ class AgreedPolicy:
             self.overruled += 1
             if self._names:  # DrafterChoice: the drafter of the cycle, and its floor
                 name = self._names[agreed_choice]
-                self.inner.current = name
-                self.inner.confidence_floor = self.inner.policies[name].confidence_floor
+                self.choice.current = name
+                self.choice.confidence_floor = self.choice.policies[name].confidence_floor
         self.choices.append(agreed_k)
         return agreed_k
 

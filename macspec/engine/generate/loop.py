@@ -21,7 +21,7 @@ from macspec.engine.core.events import Cycle, Event, Prefill, Source
 from macspec.engine.core.sampling import Randomness, SamplingParams, probabilities
 from macspec.engine.core.stats import Stats
 from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
-from macspec.engine.drafters.model import Draft, Drafter
+from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate import answer
 from macspec.engine.policy.length import AutoPolicy, DraftPolicy
 from macspec.engine.trees.cycle import propose_tree, verify_tree
@@ -76,9 +76,8 @@ class Engine:
         self.target = CachedModel(target, name="target model", options=cache_options)
         if drafter is not None:
             self.target.require_rollback()
-            needs = getattr(drafter, "needs", None)
-            if needs is not None:  # the drafter reads the target's hidden states
-                self.target.tap(needs, drafter.add_hidden)
+            if drafter.needs is not None:  # the drafter reads the target's hidden states
+                self.target.tap(drafter.needs, drafter.add_hidden)
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self._cycles_run = 0
@@ -86,22 +85,12 @@ class Engine:
         self.policy = policy if policy is not None or drafter is None else AutoPolicy()
         self.vocab_size = vocab_size
         """Ids both models score (the draft's embedding table may be padded differently)."""
-        bind = getattr(self.policy, "bind", None)
-        if bind is not None:  # a tree policy checks once that the target can verify trees
-            bind(self)
+        if self.policy is not None:
+            self.policy.bind(self)
 
     def cached_models(self) -> list[CachedModel]:
-        """Every model cache the engine keeps: the target's, and the draft model's if any
-        (a hybrid drafter holds its model drafter as `model`; `--draft auto` its candidates as
-        `drafters`)."""
-        drafters = [self.drafter, *getattr(self.drafter, "drafters", {}).values()]
-        drafters += [getattr(d, "model", None) for d in drafters]
-        states = [getattr(d, "state", None) for d in drafters]
-        found = [self.target]
-        for state in states:
-            if isinstance(state, CachedModel) and all(state is not f for f in found):
-                found.append(state)
-        return found
+        """Every model cache the engine keeps: the target's, and the drafter's if any."""
+        return [self.target, *(self.drafter.caches() if self.drafter is not None else [])]
 
     # -- the raw loop --------------------------------------------------------------------
     def cycles(
@@ -118,9 +107,7 @@ class Engine:
         target.checkpoint("prompt")
         if drafter is not None:
             drafter.start(prompt)
-            begin = getattr(self.policy, "begin", None)
-            if begin is not None:  # a policy that keeps its figures per temperature
-                begin(config.sampling)
+            self.policy.begin(config.sampling)  # a policy may keep its figures per temperature
         stats.prefill_s = time.perf_counter() - started
 
         context = list(prompt)
@@ -178,8 +165,7 @@ class Engine:
         """Whether the next speculative cycle times drafting and verifying apart; only a
         policy that prices one against the other needs it."""
         cycle = self._cycles_run + 1
-        wanted = getattr(self.policy, "wants_timings", True)
-        return wanted and (cycle <= 4 or cycle % PROBE_EVERY == 0)
+        return self.policy.wants_timings and (cycle <= 4 or cycle % PROBE_EVERY == 0)
 
     def _refeed_due(self, context: list[int]) -> bool:
         """Whether restores in a row have piled up more ids to feed again than a verify pass

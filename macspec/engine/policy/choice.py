@@ -15,16 +15,18 @@ guesses cost is the device's, shared by every temperature.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
+from macspec.engine.caches.cached import CachedModel
 from macspec.engine.core.cycle import Cycle
 from macspec.engine.core.sampling import Draws, SamplingParams
 from macspec.engine.core.taps import Hidden, HiddenSpec
-from macspec.engine.drafters.model import Draft, Drafter
-from macspec.engine.policy.length import AutoPolicy
+from macspec.engine.drafters.protocol import Draft, Drafter
+from macspec.engine.policy.length import AutoPolicy, DraftPolicy
 
 
-class DrafterChoice:
+class DrafterChoice(Drafter, DraftPolicy):
     """Several drafters behind one; also the engine's draft-length policy (see `policy`)."""
 
     name = "auto"
@@ -41,15 +43,16 @@ class DrafterChoice:
         self.temperature = 0.0
         """The temperature the figures in use were measured at."""
         self._others: dict[float, tuple] = {}  # the figures of the other temperatures
+        self.policies: dict[str, AutoPolicy] = {}
         self._fresh()
-        needs = [d.needs for d in drafters if getattr(d, "needs", None) is not None]
+        needs = [d.needs for d in drafters if d.needs is not None]
         self.needs: HiddenSpec | None = None
         for spec in needs:
             self.needs = spec if self.needs is None else self.needs.union(spec)
         self.confidence_floor = None
 
     def _fresh(self) -> None:
-        before = getattr(self, "policies", {})  # the same drafters at another temperature
+        before = self.policies  # the same drafters at another temperature
         self.policies = {name: AutoPolicy(max_k=self.max_k) for name in self.drafters}
         first = next(iter(self.policies.values()))
         for name, policy in self.policies.items():
@@ -62,6 +65,16 @@ class DrafterChoice:
         self.reason = "measuring"
         """Why the current pick: shown by the stats line, --json and the chat."""
         self._unmeasured = list(self.drafters)  # each is tried once before any comparison
+
+    def carry_from(self, learned: DraftPolicy) -> None:
+        if (
+            not isinstance(learned, DrafterChoice)
+            or learned.drafters.keys() != self.drafters.keys()
+        ):
+            return
+        self.policies, self._others = copy.deepcopy((learned.policies, learned._others))
+        self.temperature, self.current = learned.temperature, learned.current
+        self.reason, self._unmeasured = learned.reason, list(learned._unmeasured)
 
     def begin(self, params: SamplingParams) -> None:
         """A generation at `params.temperature` begins: its own figures from now on (those of
@@ -137,9 +150,18 @@ class DrafterChoice:
         for drafter in self.drafters.values():
             drafter.rollback(keep)
 
+    def caches(self) -> list[CachedModel]:
+        found: list[CachedModel] = []  # candidates may share a model (hybrid and model)
+        for drafter in self.drafters.values():
+            found += [c for c in drafter.caches() if all(c is not f for f in found)]
+        return found
+
+    def active(self) -> Drafter:
+        return self.drafters[self.current]
+
     def add_hidden(self, start: int, hidden: Hidden) -> None:
         for drafter in self.drafters.values():
-            if getattr(drafter, "needs", None) is not None:
+            if drafter.needs is not None:
                 drafter.add_hidden(start, hidden)
 
     def propose(

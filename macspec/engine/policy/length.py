@@ -9,18 +9,32 @@ k = 0, plain decoding, and probes now and then so it can switch back.
 
 from __future__ import annotations
 
-from typing import Protocol
+import copy
+from typing import TYPE_CHECKING, Any, Protocol
 
 from macspec.engine.core.events import Cycle
 from macspec.engine.core.stats import Ema
 from macspec.errors import MacspecError
 
+if TYPE_CHECKING:  # sampling loads MLX; the light commands that read policies do not
+    from macspec.engine.core.sampling import SamplingParams
+
 
 class DraftPolicy(Protocol):
-    """Chooses the draft length of each cycle and learns from its outcome."""
+    """Chooses the draft length of each cycle and learns from its outcome. Policies subclass
+    it to inherit its defaults: one that needs no engine, no per-temperature figures and no
+    trees says nothing of them."""
 
     confidence_floor: float | None
     """Stop drafting before a guess the draft is less sure of than this (None: never)."""
+    wants_timings: bool = True
+    """Whether it prices drafting against verifying: then some cycles time them apart."""
+    last_choice: int = 0
+    """The draft length it chose last."""
+    reason: str | None = None
+    """`--draft auto`'s words on its choice of drafter (shown by the stats line)."""
+    tree_note: str | None = None
+    """Why this engine verifies chains only though trees were asked for."""
 
     def draft_length(self) -> int:
         """Tokens to guess in the next cycle; 0 means a plain target step."""
@@ -28,8 +42,24 @@ class DraftPolicy(Protocol):
     def observe(self, cycle: Cycle) -> None:
         """Learn from a finished cycle."""
 
+    def bind(self, engine: Any) -> None:
+        """The engine it prices for is built (a tree policy checks that the target can verify
+        trees). `engine` is the generate loop's Engine, above this room."""
 
-class FixedPolicy:
+    def begin(self, params: SamplingParams) -> None:
+        """A generation at these sampling settings begins."""
+
+    def tree_plan(self, k: int, context: list[int], greedy_or_coupled: bool) -> Any:
+        """The tree (a `trees.propose.TreePlan`) to verify this cycle, or None: a chain."""
+        return None
+
+    def carry_from(self, learned: DraftPolicy) -> None:
+        """Start from what a policy of the same kind measured (a batch's new row takes the
+        figures of the row that finished last: rows come and go, the device and the drafters
+        stay)."""
+
+
+class FixedPolicy(DraftPolicy):
     """Always guess k tokens (mlx-lm's `--num-draft-tokens`)."""
 
     confidence_floor = None
@@ -48,7 +78,7 @@ class FixedPolicy:
         pass
 
 
-class AutoPolicy:
+class AutoPolicy(DraftPolicy):
     """Cost-aware draft length with a confidence stop.
 
     Expected tokens from a cycle of k guesses: E(k) = 1 + sum_j prod_{i<=j} a_i, where a_i is
@@ -86,6 +116,10 @@ class AutoPolicy:
         self._probe_up = True
         self._best: int | None = None
         self._skipped = False
+
+    def carry_from(self, learned: DraftPolicy) -> None:
+        if type(learned) is type(self):
+            self.__dict__.update(copy.deepcopy(learned.__dict__))
 
     def share_costs(self, other: AutoPolicy, of_the_draft: bool = True) -> None:
         """Use `other`'s estimates of what the target's passes cost (and, `of_the_draft`, a

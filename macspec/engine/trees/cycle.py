@@ -9,14 +9,17 @@ the cycle's one wait.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import mlx.core as mx
 
 from macspec.engine.caches import tree_attention as treeattn
+from macspec.engine.caches.cached import CachedModel
 from macspec.engine.core.cycle import Cycle, TreeOutcome
 from macspec.engine.core.sampling import Randomness, SamplingParams, probabilities
 from macspec.engine.core.taps import Hidden
+from macspec.engine.drafters.protocol import Drafter
+from macspec.engine.policy.length import DraftPolicy
 from macspec.engine.trees import propose as treedraft
 from macspec.engine.trees.shapes import TreeDraft
 from macspec.engine.trees.verdict import (
@@ -27,8 +30,16 @@ from macspec.engine.trees.verdict import (
     visibility,
 )
 
-if TYPE_CHECKING:
-    from macspec.engine.generate.loop import Engine
+
+class Engine(Protocol):
+    """What a tree cycle reads of the engine that runs it (the generate loop's `Engine`,
+    a room above this one)."""
+
+    target: CachedModel
+    drafter: Drafter | None
+    policy: DraftPolicy | None
+    vocab_size: int | None
+    eos_ids: frozenset[int]
 
 
 def verify_tree(
@@ -134,10 +145,7 @@ def propose_tree(
     engine: Engine, context: list[int], k: int, params: SamplingParams, rng: Randomness | None
 ) -> TreeDraft | None:
     """The tree the engine's policy plans for this cycle, queued on the device; None: a chain."""
-    plan_for = getattr(engine.policy, "tree_plan", None)
-    if plan_for is None:
-        return None
-    plan = plan_for(k, context, params.greedy or rng.noise is not None)
+    plan = engine.policy.tree_plan(k, context, params.greedy or rng.noise is not None)
     if plan is None:
         return None
     tree = treedraft.draft_tree(engine.drafter, context, plan, params, rng)

@@ -43,10 +43,7 @@ class TreePlan:
 
 def tree_drafter(drafter):
     """The drafter that would draft the next cycle (`--draft auto` picks one per cycle)."""
-    choice = getattr(drafter, "drafters", None)
-    if choice is not None:
-        return choice[drafter.current]
-    return drafter
+    return drafter.active()
 
 
 def no_tree_reason(drafter) -> str | None:

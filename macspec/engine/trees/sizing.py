@@ -100,7 +100,7 @@ class RankStats:
         return table
 
 
-class TreePolicy:
+class TreePolicy(DraftPolicy):
     """A draft-length policy with trees: it asks `inner` when and how deep to guess, and
     decides whether the cycle verifies a tree, of which shape."""
 
@@ -140,15 +140,15 @@ class TreePolicy:
 
     @property
     def wants_timings(self) -> bool:
-        return self.budget is None or getattr(self.inner, "wants_timings", True)
+        return self.budget is None or self.inner.wants_timings
 
     @property
     def last_choice(self) -> int:
-        return getattr(self.inner, "last_choice", 0)
+        return self.inner.last_choice
 
     @property
     def reason(self) -> str | None:  # --draft auto's words on its choice
-        return getattr(self.inner, "reason", None)
+        return self.inner.reason
 
     def bind(self, engine) -> None:
         """Check once that the engine's target can verify trees."""
