@@ -174,3 +174,113 @@ def test_ruff_check_and_format_are_clean() -> None:
             timeout=120,
         )
         assert out.returncode == 0, f"ruff {' '.join(args)}:\n{out.stdout}{out.stderr}"
+
+
+ENGINE_ROOMS = ["core", "caches", "drafters", "policy", "trees", "generate", "batch"]
+"""The engine's sub-packages, bottom up: each may import only itself and those before it."""
+
+
+def engine_room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["macspec", "engine"] and len(parts) > 2 else None
+
+
+def engine_violations(source: str, module: str) -> list[str]:
+    """Imports of an engine sub-package's module from a sub-package above it."""
+    own = engine_room(module)
+    if own is None:
+        return []
+    allowed = set(ENGINE_ROOMS[: ENGINE_ROOMS.index(own) + 1])
+    found = []
+    for imported in imported_modules(source, module):
+        room = engine_room(imported)
+        if imported == "macspec.engine" or (room is not None and room not in allowed):
+            found.append(f"{module} ({own}) imports {imported}")
+    return found
+
+
+def test_every_engine_module_is_in_a_room() -> None:
+    engine = ROOT / "macspec" / "engine"
+    loose = [p.name for p in engine.glob("*.py") if p.name != "__init__.py"]
+    assert loose == [], "modules directly in macspec/engine/ (put them in a sub-package)"
+    rooms = {engine_room(m) for m, _ in project_modules()} - {None}
+    assert rooms == set(ENGINE_ROOMS)
+
+
+def test_engine_rooms_import_only_downward() -> None:
+    bad = [
+        v for module, path in project_modules() for v in engine_violations(path.read_text(), module)
+    ]
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("macspec.engine.core.stats", "from macspec.engine.caches.cached import CachedModel"),
+        ("macspec.engine.trees.cycle", "from macspec.engine.generate.loop import Engine"),
+        ("macspec.engine.drafters.mtp", "from macspec.engine import Engine"),
+        ("macspec.engine.policy.length", "def f():\n    from ..trees import sizing"),
+    ],
+)
+def test_an_upward_engine_import_is_caught(module: str, source: str) -> None:
+    assert engine_violations(source, module)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (function-level and TYPE_CHECKING ones too)."""
+    modules = {m for m, _ in project_modules()}
+    graph: dict[str, set[str]] = {}
+    for module, path in project_modules():
+        found = set(imported_modules(path.read_text(), module)) & modules
+        graph[module] = {m for m in found if m != module and not module.startswith(m + ".")}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles() -> None:
+    assert circles(import_graph()) == []
+
+
+def test_a_circle_is_found() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for _, p in project_modules()
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert long == {}
