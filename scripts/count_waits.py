@@ -44,11 +44,11 @@ def main(argv=None) -> int:
     import mlx.core as mx
     from mlx_lm import load
 
-    loop = module("macspec.engine.generate.loop", "macspec.engine")
-    drafters = module("macspec.engine.drafters.model", "macspec.drafters")
-    lookup = module("macspec.engine.drafters.lookup", "macspec.lookup")
-    policy = module("macspec.engine.policy.length", "macspec.policy")
-    sampling = module("macspec.engine.core.sampling", "macspec.sampling")
+    loop = module("macspec.engine.generate.loop", "macspec.engine.loop", "macspec.engine")
+    drafters = module("macspec.engine.drafters.model", "macspec.engine.drafters", "macspec.drafters")
+    lookup = module("macspec.engine.drafters.lookup", "macspec.engine.lookup", "macspec.lookup")
+    policy = module("macspec.engine.policy.length", "macspec.engine.policy", "macspec.policy")
+    sampling = module("macspec.engine.core.sampling", "macspec.engine.sampling", "macspec.sampling")
     cycle_type = module(
         "macspec.engine.core.cycle", "macspec.engine.core.events", "macspec.events"
     ).Cycle
