@@ -126,3 +126,22 @@ def test_the_next_draft_is_queued_before_a_cycles_tokens_are_handed_over(models)
     assert len(proposals) == speculative  # every draft was verified
     # While a cycle's tokens are handed over, the next draft is queued, but at the end.
     assert ahead.count(1) >= len(ahead) - 4 and ahead[-1] == 0
+
+
+@pytest.mark.parametrize("source", ["model", "hybrid"])
+def test_auto_waits_about_once_per_cycle(models, monkeypatch, source):
+    """`auto` as shipped (probes and all) waits at most 1.10 times per cycle over whole
+    answers: a probe's extra wait is rare, since every cycle's whole time teaches the policy
+    the target's passes."""
+    tok, target, draft = models
+    monkeypatch.setattr(AutoPolicy, "pass_time", lambda self, m: 1.0)  # it keeps drafting
+    total_waits = total_cycles = 0
+    for seed, text in enumerate(["the cat sat on the mat. the cat", "hello there, the dog and"]):
+        engine = Engine(target, tok, DRAFTERS[source](draft), AutoPolicy())
+        config = GenerationConfig(max_tokens=64, sampling=SamplingParams(0.8), seed=seed)
+        with WaitCounter([target, draft]) as waits:
+            cycles = waits_per_cycle(engine, tok.encode(text), config, waits)
+        total_waits += sum(w for _, w in cycles)
+        total_cycles += len(cycles)
+    assert total_cycles > 20
+    assert total_waits / total_cycles <= 1.10, (total_waits, total_cycles)

@@ -29,9 +29,13 @@ from macspec.engine.trees.shapes import TreeDraft
 
 CLEAR_CACHE_EVERY = 256
 """Decoded ids between emptyings of MLX's buffer cache (mlx-lm's generate does the same)."""
-PROBE_EVERY = 8
-"""Every this many speculative cycles (and the first few), one waits after drafting too, so
-drafting and verifying are timed apart for the policy; the others wait once."""
+PROBE_EVERY = 32
+"""Every this many speculative cycles (and the first two), one waits after drafting too, so
+drafting and verifying are timed apart for the policy; the others wait once. The policy learns
+the target's passes from every cycle's whole time too, so probes are needed only to keep the
+price of a guess fresh: each one idles an Apple GPU while the host reads the draft."""
+FIRST_PROBES = 2
+"""The first speculative cycles of an engine are all probes: a guess has no price before."""
 MAX_REFEED = 8
 """Most ids a verify pass feeds again after checkpoint restores before a plain step catches up."""
 
@@ -165,7 +169,7 @@ class Engine:
         """Whether the next speculative cycle times drafting and verifying apart; only a
         policy that prices one against the other needs it."""
         cycle = self._cycles_run + 1
-        return self.policy.wants_timings and (cycle <= 4 or cycle % PROBE_EVERY == 0)
+        return self.policy.wants_timings and (cycle <= FIRST_PROBES or cycle % PROBE_EVERY == 0)
 
     def _refeed_due(self, context: list[int]) -> bool:
         """Whether restores in a row have piled up more ids to feed again than a verify pass

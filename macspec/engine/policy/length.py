@@ -227,11 +227,25 @@ class AutoPolicy(DraftPolicy):
     def observe(self, cycle: Cycle) -> None:
         if cycle.timed:  # probe cycles time drafting and verifying apart; others wait once
             self._observe_times(cycle)
+        else:
+            self._observe_whole(cycle)
         for i in range(1, cycle.proposed + 1):
             self._reached[i] = self._reached[i] * self.memory + 1
             self._kept[i] = self._kept[i] * self.memory + (1 if i <= cycle.accepted else 0)
             if i > cycle.accepted:
                 break  # later guesses were never judged
+
+    def _observe_whole(self, cycle: Cycle) -> None:
+        """A cycle timed only whole (one wait): its pass is what is left of its time once its
+        guesses are priced as the probes measured them. So the target's cost at each m is
+        learned on every cycle, without a wait of its own."""
+        step = self._draft_step.value
+        if step is None or cycle.draft_fed > cycle.draft_steps + 1:
+            return  # no price for a guess yet, or a catch-up step of unknown cost
+        m = cycle.fed or cycle.proposed + 1
+        verify = cycle.verify_s - step * max(cycle.draft_steps, cycle.proposed)
+        if verify > 0:
+            self._pass_time[min(m, self.max_k + 1)].add(verify)
 
     def _observe_times(self, cycle: Cycle) -> None:
         # A pass over m ids: the guesses and the ids before them (more after a restore).
