@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from macspec.engine.core.grammar import Grammar
 from macspec.engine.core.sampling import SamplingParams
 from macspec.errors import MacspecError
 
@@ -29,6 +30,9 @@ class GenerationConfig:
     sampler: str | None = None
     """Sampled runs: 'coupled' (output identical to plain decoding with the seed, whatever
     drafts) or 'rejection' (the most guesses kept); None: coupled with a seed, else rejection."""
+    grammar: Grammar | None = None
+    """What the answer must match (a JSON schema, a regex, a Lark grammar): the target's
+    distribution is masked to it at every position, guesses included. None: free text."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -23,6 +23,7 @@ from macspec.engine.core.stats import Stats
 from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
 from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate import answer
+from macspec.engine.generate.constrained import constrained_cycles
 from macspec.engine.policy.length import AutoPolicy, DraftPolicy
 from macspec.engine.trees.cycle import propose_tree, verify_tree
 from macspec.engine.trees.shapes import TreeDraft
@@ -118,6 +119,11 @@ class Engine:
         progress = _Progress()
         ahead: _Ahead | None = None
         try:
+            if config.grammar is not None:  # masks from the host's matcher: a loop of its own
+                for item in constrained_cycles(self, context, config, rng):
+                    progress.delivered += isinstance(item, tuple)
+                    yield item
+                return
             while progress.delivered < config.max_tokens:
                 begun = time.perf_counter()
                 if ahead is not None:  # drafted while the consumer took the last cycle's tokens
