@@ -20,6 +20,7 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 
 import macspec
+from macspec.engine.batch.engine import BatchEngine
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.events import Cycle, Done
 from macspec.engine.core.grammar import Constraint, Grammar, ll_tokenizer
@@ -180,3 +181,36 @@ def test_a_bad_grammar_is_one_clear_error(pair, grammar, says):
     with pytest.raises(MacspecError, match=says) as error:
         Constraint(grammar(), tok)
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("name", ["model", "lookup"])
+def test_batched_rows_under_grammars_are_each_request_alone(pair, name):
+    """Rows with different grammars (and one without) share the batch's passes; each is the
+    same request alone, greedy and seeded."""
+    target, draft, tok, prompt = pair
+    requests = [
+        (GRAMMARS["schema"], 0.0, None),
+        (None, 0.0, None),
+        (GRAMMARS["regex"], 0.9, 3),
+        (GRAMMARS["json"], 0.9, 5),
+    ]
+    configs = [
+        GenerationConfig(max_tokens=24, grammar=g, sampling=SamplingParams(t), seed=s)
+        for g, t, s in requests
+    ]
+    alone = [
+        [e for e in Engine(target, tok).generate(prompt, c) if isinstance(e, Done)][0].tokens
+        for c in configs
+    ]
+    engine = BatchEngine(target, tok, lambda: DRAFTERS[name](draft), lambda d: FixedPolicy(3))
+    rows = []
+    for config in configs:
+        rows.append(engine.admit(prompt, config))
+        while not engine.prefill_step(rows[-1], chunk=64):
+            engine.step()
+    while any(row.done is None for row in rows):
+        engine.step()
+    for row, want in zip(rows, alone):
+        assert row.done.tokens == want
+    assert max(row.done.stats.rows_per_pass for row in rows) > 1
+    assert sum(row.done.stats.draft_accepted for row in rows) > 0

@@ -16,19 +16,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.engine.batch.draft import BatchDraftModel
 from macspec.engine.batch.pricing import BatchPricing
-from macspec.engine.batch.row import Row, RowView, row_verdict
+from macspec.engine.batch.row import Row, RowView, plan_row, row_verdict
 from macspec.engine.caches import recurrent
 from macspec.engine.caches.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
 from macspec.engine.caches.rows import RowsArraysCache, RowsKVCache, rows_caches
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.events import Cycle, Prefill, Source
+from macspec.engine.core.grammar import Constraint
 from macspec.engine.core.taps import Hidden, Taps
 from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate.answer import AnswerState
@@ -112,6 +112,8 @@ class BatchEngine:
         pending = alone.reuse(prompt)
         answer.stats.prefilled_tokens = len(pending)
         row = Row(prompt, answer, drafter, policy, alone, to_prefill=pending[:-1])
+        if config.grammar is not None:
+            row.constraint = Constraint(config.grammar, self.tokenizer)
         row.events.append(Prefill(len(prompt), len(prompt) - len(pending)))
         self.joining.append(row)
         return row
@@ -147,9 +149,12 @@ class BatchEngine:
             return
         begun = time.perf_counter()
         ks = [min(k, self._room(row)) for row, k in zip(rows, self._draft_lengths(rows))]
+        # A grammar's forced ids are a row's guesses for free: it drafts nothing this cycle.
+        forced = [r.constraint.forced()[: self._room(r)] if r.constraint else [] for r in rows]
+        ks = [0 if ids else k for k, ids in zip(ks, forced)]
         drafts = self._batch_drafts(rows, ks) if self.batch_draft is not None else None
         plans = [
-            self._plan(row, k, drafts[i] if drafts else None)
+            plan_row(row, k, drafts[i] if drafts else None, forced[i], self.eos_ids)
             for i, (row, k) in enumerate(zip(rows, ks))
         ]
         drafted = time.perf_counter()
@@ -158,7 +163,7 @@ class BatchEngine:
         for i, (pending, guesses, _, _) in enumerate(plans):
             ids = mx.array(pending, mx.uint32)
             if len(guesses):
-                ids = mx.concatenate([ids, guesses.astype(mx.uint32)])
+                ids = mx.concatenate([ids, mx.array(guesses).astype(mx.uint32)])
             inputs[i, : ids.size] = ids
         lengths = [row.fed for row in rows]
         widths = [len(pending) + len(guesses) for pending, guesses, _, _ in plans]
@@ -174,6 +179,8 @@ class BatchEngine:
             if self.taps is not None:
                 hidden = stack.enter_context(self.taps.record(batch=True))
             logits = self.model(inputs, cache=self.caches)
+        if any(row.constraint is not None for row in rows):
+            mx.async_eval(logits)  # the pass runs while the host fills the grammars' masks
         for c in states:
             c.end_pass()
         self.passes += 1
@@ -249,25 +256,6 @@ class BatchEngine:
         contexts = [row.context for row in rows]
         return self.batch_draft.propose(contexts, ks, params, draws, floors)
 
-    def _plan(
-        self, row: Row, k: int, draft: Draft | None = None
-    ) -> tuple[list[int], Any, Draft | None, int]:
-        """(ids to feed again, guesses, the draft, the draft length asked for)."""
-        answer = row.answer
-        pending = row.context[row.fed :]
-        if k <= 0:
-            return pending, [], None, k
-        if draft is None:
-            params, rng = answer.config.sampling, answer.rng
-            draws = rng.draws(k, len(row.context)) if rng is not None else None
-            floor = row.policy.confidence_floor
-            draft = row.drafter.propose(row.context, k, params, draws, floor)
-        requested = k
-        guesses = draft.tokens
-        if not isinstance(guesses, mx.array):
-            guesses = mx.array(list(guesses), mx.uint32)
-        return pending, guesses, draft, requested
-
     def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> int | None:
         """Keep what the verdict kept; where the row's recurrent state holds ids that were not
         kept, the count that were (the caller rewinds or restores the state), else None."""
@@ -278,6 +266,8 @@ class BatchEngine:
         if ends < cut:
             cut, n, counted = ends, min(n, ends), counted[:ends]
         kept = counted[:n] + [token]
+        if row.constraint is not None:
+            row.constraint.keep(kept)
         valid = len(pending) + n  # the verified ids that stay; the rest is never seen again
         returned = self.recurrent and valid < len(pending) + len(guesses)
         if not returned:
@@ -299,7 +289,8 @@ class BatchEngine:
             timed=True,
             rows=rows,
         )
-        if row.policy is not None:
+        forced = draft is not None and draft.source == "grammar"
+        if row.policy is not None and not forced:  # forced ids say nothing of the drafter
             row.policy.observe(cycle)
         answer = row.answer
         answer.cycle(cycle)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 
 from macspec.engine.caches.cached import CachedModel, SavedCache
 from macspec.engine.core.events import Done, Event
+from macspec.engine.core.grammar import Constraint
 from macspec.engine.core.sampling import probabilities
 from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
-from macspec.engine.drafters.protocol import Drafter
+from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate.answer import AnswerState
 from macspec.engine.policy.length import DraftPolicy
 
@@ -39,19 +41,48 @@ class Row:
     """The ids the row's caches hold when it leaves the batch."""
     saved: list[SavedCache] | None = None
     """A finished row's caches (target, then draft model), for a prompt cache to keep."""
+    constraint: Constraint | None = None
+    """The matcher of the row's grammar, if it has one."""
 
     @property
     def decoding(self) -> bool:
         return self.alone is None and self.done is None
 
 
+def plan_row(
+    row: Row, k: int, draft: Draft | None, forced: list[int], eos_ids: frozenset[int]
+) -> tuple[list[int], Any, Draft | None, int]:
+    """(ids to feed again, guesses, the draft, the draft length asked for) of one row's cycle:
+    the batch draft model's draft, else the row's drafter's; a grammar's forced ids instead,
+    free. A row under a grammar keeps the guesses it admits, on the host (for its masks)."""
+    pending = row.context[row.fed :]
+    if forced:
+        draft, k = Draft(tokens=forced, source="grammar"), 0
+    elif k <= 0:
+        return pending, [], None, k
+    elif draft is None:
+        params, rng = row.answer.config.sampling, row.answer.rng
+        draws = rng.draws(k, len(row.context)) if rng is not None else None
+        draft = row.drafter.propose(row.context, k, params, draws, row.policy.confidence_floor)
+    guesses = draft.tokens
+    if row.constraint is not None:
+        guesses = guesses.tolist() if isinstance(guesses, mx.array) else list(guesses)
+        guesses = row.constraint.admitted(guesses, eos_ids)
+    elif not isinstance(guesses, mx.array):
+        guesses = mx.array(list(guesses), mx.uint32)
+    return pending, guesses, draft, k
+
+
 def row_verdict(row: Row, plan, logits: mx.array, vocab_size: int | None) -> mx.array:
     """[cut, accepted, token, guesses...] for one row, on the device."""
     pending, guesses, draft, _ = plan
     params, rng = row.answer.config.sampling, row.answer.rng
+    logits = logits[len(pending) - 1 :, :vocab_size]
+    if row.constraint is not None:  # the grammar's p' = normalize(p * mask), at every position
+        mask = mx.array(row.constraint.masks_along(list(guesses), logits.shape[-1]))
+        logits = mx.where(mask, logits, mx.array(-float("inf"), logits.dtype))
     if not isinstance(guesses, mx.array):
         guesses = mx.array(guesses, mx.uint32)
-    logits = logits[len(pending) - 1 :, :vocab_size]
     floor = row.policy.confidence_floor if row.policy is not None else None
     confidence = draft.confidence if draft is not None else None
     cut = counted_guesses(guesses, confidence, floor)

@@ -110,9 +110,12 @@ class Constraint:
         are guesses like any other, since the target may spell the same text otherwise."""
         return list(self.matcher.compute_ff_tokens())
 
-    def fitting(self, guesses: list[int]) -> int:
-        """How many of the guesses, in order, the grammar admits from here."""
-        return self.matcher.validate_tokens(guesses) if guesses else 0
+    def admitted(self, guesses: list[int], eos_ids: frozenset[int]) -> list[int]:
+        """The guesses the grammar admits from here, in order, through the first end of
+        sequence (none after it can count)."""
+        end = next((i + 1 for i, t in enumerate(guesses) if t in eos_ids), len(guesses))
+        guesses = guesses[:end]
+        return guesses[: self.matcher.validate_tokens(guesses)] if guesses else []
 
     def masks_along(self, guesses: list[int], width: int) -> np.ndarray:
         """(len(guesses) + 1, width) booleans: the ids the grammar admits at each position

@@ -50,8 +50,7 @@ def constrained_cycles(
             tokens = draft.tokens
             guesses = tokens.tolist() if isinstance(tokens, mx.array) else list(tokens)
             q, source, steps, fed = draft.q, draft.source, draft.steps, draft.fed
-        guesses = _through_first_end(guesses, engine.eos_ids)
-        guesses = guesses[: constraint.fitting(guesses)]
+        guesses = constraint.admitted(guesses, engine.eos_ids)
         accepted, token, verified = _verify(engine, context, guesses, q, constraint, params, rng)
         kept = guesses[:accepted] + [token]
         constraint.keep(kept)
@@ -83,12 +82,6 @@ def constrained_cycles(
                 return
 
 
-def _through_first_end(guesses: list[int], eos_ids: frozenset[int]) -> list[int]:
-    """Guesses up to and including the first end of sequence: none after it can count."""
-    end = next((i + 1 for i, t in enumerate(guesses) if t in eos_ids), len(guesses))
-    return guesses[:end]
-
-
 def _verify(
     engine: Any,
     context: list[int],
@@ -114,9 +107,11 @@ def _verify(
         scores = mx.log(probabilities(logits, params))
         scores = scores + rng.noise.rows(len(context), scores.shape[0], scores.shape[-1])
         accepted, token = greedy_verdict(scores, drafted, every)
+    elif not guesses:  # a plain step samples as the unconstrained loop's plain step does
+        accepted, token = mx.array(0), rng.pick(probabilities(logits, params), len(context))[0]
     else:
         p = probabilities(logits, params)
-        q = q[: len(guesses)] if q is not None and guesses else None
+        q = q[: len(guesses)] if q is not None else None
         accepted, token = sampled_verdict(p, q, drafted, every, rng.keys.next())
     read = mx.stack([accepted.astype(mx.int32), token.astype(mx.int32)]).tolist()
     return read[0], read[1], time.perf_counter()
