@@ -155,7 +155,7 @@ def test_a_pair_with_two_drafts_drafts_with_the_first_and_auto_measures_both(two
     assert auto["drafter"] == "auto" and auto["stats"]["drafter_choice"]
     assert default["tokens"] == auto["tokens"] == plain["tokens"]
     engine, _ = build_engine(resolve_models("two", None, None), draft="auto")
-    assert list(engine.drafter.drafters) == ["model (close)", "model (far)", "lookup"]
+    assert list(engine.drafter.drafters) == ["model (close)", "model (far)", "lookup", "suffix"]
     engine, loaded = build_engine(resolve_models("two", None, None), draft="model")
     assert not loaded.more_drafts  # the second draft is loaded only for --draft auto
 

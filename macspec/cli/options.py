@@ -65,21 +65,21 @@ DraftSource = Annotated[
     typer.Option(
         "--draft",
         help="Where guesses come from: 'model' (the draft model), 'lookup' (n-grams of the "
-        "context, no draft model needed), 'hybrid' (lookup or the draft model), 'mtp' (the "
-        "target's MTP head), 'dflash' (a DFlash block drafter), 'eagle3' (an EAGLE-3 head) or "
-        "'auto' (each cycle, the "
-        "drafter that promises the most tokens per second) [default: the draft folder's "
-        "kind, else lookup].",
+        "context, no draft model needed), 'suffix' (the longest match in everything said to "
+        "this model before, this request included), 'hybrid' (lookup or the draft model), "
+        "'mtp' (the target's MTP head), 'dflash' (a DFlash block drafter), 'eagle3' (an "
+        "EAGLE-3 head) or 'auto' (each cycle, the drafter that promises the most tokens per "
+        "second) [default: the draft folder's kind, else lookup].",
     ),
 ]
 ServeDraftSource = Annotated[
     str | None,
     typer.Option(
         "--draft",
-        help="Where guesses come from: 'model', 'lookup', 'hybrid', 'mtp', 'dflash', 'eagle3' "
-        "(as for run) or 'auto' (each cycle, the drafter that promises the most tokens per "
-        "second: lookup over the whole conversation beside the pair's drafters) [default: "
-        "auto].",
+        help="Where guesses come from: 'model', 'lookup', 'suffix', 'hybrid', 'mtp', 'dflash', "
+        "'eagle3' (as for run) or 'auto' (each cycle, the drafter that promises the most tokens "
+        "per second: lookup over the whole conversation and suffix over every earlier request, "
+        "beside the pair's drafters) [default: auto].",
     ),
 ]
 Stop = Annotated[

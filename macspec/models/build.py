@@ -12,6 +12,7 @@ from macspec.engine.drafters.lookup import HybridDrafter, LookupDrafter
 from macspec.engine.drafters.model import ModelDrafter
 from macspec.engine.drafters.mtp import MTPDrafter
 from macspec.engine.drafters.protocol import Drafter
+from macspec.engine.drafters.suffix import SuffixDrafter
 from macspec.engine.generate.loop import Engine
 from macspec.engine.policy.choice import DrafterChoice
 from macspec.engine.policy.length import make_policy, tree_size
@@ -186,7 +187,7 @@ def load_for_drafting(
         spec = resolved.pair.draft_policy if resolved.pair is not None else "auto"
     check_draft_tokens(spec)
     make_policy(spec)  # validated even with --no-draft: a typo is still an error
-    folders = {} if no_draft or draft == "lookup" else drafter_folders(resolved, draft)
+    folders = {} if no_draft or draft in ("lookup", "suffix") else drafter_folders(resolved, draft)
     if group is not None:  # heads that read a sharded target's hidden states: not yet
         folders = {k: v for k, v in folders.items() if k not in HEAD_KINDS}
     source = choose_source(draft, folders)
@@ -302,6 +303,8 @@ def make_drafter(
     'dflash', 'eagle3', or 'auto' (every one of them that is loaded, chosen by measurement)."""
     if draft == "lookup":
         return LookupDrafter()
+    if draft == "suffix":
+        return SuffixDrafter(loaded.said)
     if draft == "mtp" and "mtp" in loaded.heads:
         return MTPDrafter(loaded.heads["mtp"], loaded.target, vocab_size=loaded.vocab_size)
     if draft == "dflash" and "dflash" in loaded.heads:
@@ -326,7 +329,7 @@ def make_drafter(
             ):
                 drafter.name = label
             candidates = [*models, *heads]
-        return DrafterChoice([*candidates, LookupDrafter()])
+        return DrafterChoice([*candidates, LookupDrafter(), SuffixDrafter(loaded.said)])
     if loaded.draft is None:
         raise MacspecError(f"--draft {draft} needs a draft model (--draft-model, or a --pair)")
     model = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size, options=cache_options)

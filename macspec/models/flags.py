@@ -7,7 +7,7 @@ from macspec.engine.policy.length import make_policy, tree_size
 from macspec.errors import MacspecError
 from macspec.models.catalog import MAX_DRAFT_TOKENS
 
-DRAFT_SOURCES = ("model", "lookup", "hybrid", "mtp", "dflash", "eagle3", "auto")
+DRAFT_SOURCES = ("model", "lookup", "suffix", "hybrid", "mtp", "dflash", "eagle3", "auto")
 HEAD_KINDS = ("mtp", "dflash", "eagle3")
 """Drafters that read the target's hidden states; loaded from their own folders."""
 

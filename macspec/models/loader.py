@@ -13,6 +13,7 @@ from mlx_lm.utils import load as mlx_load
 from mlx_lm.utils import load_model as mlx_load_model
 from mlx_lm.utils import load_tokenizer
 
+from macspec.engine.drafters.suffix import SaidTokens
 from macspec.errors import MacspecError
 from macspec.models.tokenizers import fingerprint
 
@@ -40,6 +41,9 @@ class LoadedModels:
     """The draft as the user or the catalog named it."""
     more_drafts: dict[str, nn.Module] = field(default_factory=dict)
     """A pair's further draft models, by name, loaded for `--draft auto` to measure."""
+    said: SaidTokens = field(default_factory=SaidTokens)
+    """Everything said to and by this target so far (`--draft suffix` guesses from it): one
+    store for all the requests a server or a chat sends it."""
 
 
 # transformers warns on stderr when a prompt passes the tokenizer's model_max_length; macspec
