@@ -32,8 +32,8 @@ def pair(kind: str):
     return target, tiny.noisy_arch_copy(target, 0.02, seed=1)
 
 
-def settings(root: Path, gb: float = 1.0, state_every: int = 2) -> DiskCacheSettings:
-    return DiskCacheSettings(gb=gb, folder=root, block=BLOCK, state_every=state_every)
+def settings(root: Path, gb: float = 1.0, state_every: int = 2, **kwargs) -> DiskCacheSettings:
+    return DiskCacheSettings(gb=gb, folder=root, block=BLOCK, state_every=state_every, **kwargs)
 
 
 def identities(kind: str) -> dict[str, prefix.Identity]:

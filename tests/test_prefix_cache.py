@@ -102,19 +102,22 @@ def test_a_new_engine_prefills_only_what_is_not_cached_and_answers_as_the_target
     assert again.tokens == want and again.stats.disk_written_bytes == 0  # nothing written twice
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3_5", "qwen3_5, sparse states"])
 def test_conversations_sharing_a_system_prompt_share_its_blocks(tok, tmp_path, kind):
+    kind, sparse = kind.split(",")[0], "sparse" in kind
     target, draft = pair(kind)
     system = ids(1, 40)  # two whole blocks and 8 ids
     prompts = [system + ids(seed, 30, start=100) for seed in (2, 3, 4)]
-    dones = [answer(engine(tok, target, draft, tmp_path, kind, state_every=4), p) for p in prompts]
+    how = dict(state_every=4, dense_states=not sparse)
+    dones = [answer(engine(tok, target, draft, tmp_path, kind, **how), p) for p in prompts]
     for prompt, done in zip(prompts, dones):
         assert done.tokens == reference(target, prompt, 8)
     loaded = [d.stats.disk_tokens for d in dones]
-    if kind == "llama":
-        assert loaded == [0, 32, 32]  # the system prompt's two whole blocks
+    if not sparse:
+        # The system prompt's two whole blocks (a hybrid's state at every boundary).
+        assert loaded == [0, 32, 32]
     else:
-        # Recurrent state is stored at every 4th boundary and at each prompt's last; the second
+        # Recurrent state at every 4th boundary and at each prompt's last only: the second
         # conversation finds no state inside the system prompt, and stores one where it leaves
         # the first one's chain: the third resumes there.
         assert loaded == [0, 0, 32]

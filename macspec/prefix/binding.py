@@ -8,8 +8,13 @@ and recurrent state, which is large (a few hundred KB to ~150 MB per boundary on
 only at some: every `state_every`-th boundary, the boundary where a prompt leaves a chain
 already on disk (where the next conversation sharing that prefix resumes), and the last
 boundary of each prompt (where the next turn resumes), this last one held in memory until
-another conversation comes or the process ends, and dropped when the same conversation goes
-on past it: a long agent session writes its state once, not at every turn.
+another conversation comes or the process ends. Those are checkpoints (`state` files). With
+`dense_states` (the default) every other boundary's state is written too, as a `state-thin`
+file the store evicts first (store.py), and a held state the same conversation goes on past is
+written as one: a prefix shared with an earlier prompt is then restored to within one block
+while the folder has room, and to within `state_every` blocks once its thin states are gone.
+Without it a held state the conversation goes past is dropped: a long agent session writes
+its state once, not at every turn.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -34,6 +39,8 @@ RETRIES = 3
 """Restores tried again after a block proved damaged (it is deleted, so the next is shallower)."""
 HELD_STATES = 4
 """Conversations whose last recurrent state is held in memory rather than written at once."""
+STATE_KINDS = ("state", "state-thin")
+"""A boundary's recurrent state: a checkpoint's, or one between checkpoints (evicted first)."""
 
 
 @dataclass
@@ -82,11 +89,14 @@ class ModelChain:
         root: str,
         block: int,
         state_every: int,
+        dense: bool = True,
     ):
         self.template = template
         """A fresh cache of the model (as its CacheOptions make it): what a restore fills."""
         self.store, self.writer = store, writer
         self.fingerprint, self.block, self.state_every = fingerprint, block, state_every
+        self.dense = dense
+        """A state at every boundary: thin ones between the checkpoints."""
         self.chain = Chain(root, block)
         self.rows = blocks.has_rows(template)
         self.state = blocks.has_state(template)
@@ -135,13 +145,14 @@ class ModelChain:
         block = self.block
         head = kept // block if self.rows else 0
         exists = functools.cache(lambda i, kind: self.path(keys[i], kind).is_file())
+        states = functools.cache(lambda i: any(exists(i, kind) for kind in STATE_KINDS))
         chained = len(keys)
         if self.rows:
             chained = next((i for i in range(head, len(keys)) if not exists(i, "rows")), len(keys))
         for depth in range(chained, 0, -1):
             if depth * block <= kept:
                 break
-            if self.state and not exists(depth - 1, "state"):
+            if self.state and not states(depth - 1):
                 continue
             needed = blocks.blocks_needed(self.template, depth * block, block, head * block)
             if not all(exists(i, "rows") for i in needed):
@@ -157,8 +168,11 @@ class ModelChain:
         head = kept // block if self.rows else 0
         needed = sorted(blocks.blocks_needed(self.template, length, block, head * block))
         wanted = [(i, "rows") for i in needed]
+        state = self._state_kind(keys[depth - 1]) if self.state else None
         if self.state:
-            wanted.append((depth - 1, "state"))
+            if state is None:
+                return False
+            wanted.append((depth - 1, state))
         wanted += [(i, kind) for kind in kinds for i in range(depth)]
         loaded = self.store.load_many([(self.path(keys[i], k), keys[i], k) for i, k in wanted])
         if any(arrays is None for arrays in loaded):
@@ -173,7 +187,7 @@ class ModelChain:
             length,
             block,
             lambda i: found[(i, "rows")],
-            found.get((depth - 1, "state")),
+            found.get((depth - 1, state)),
             quantize,
             head=cached.cache if head else None,
             head_length=head * block,
@@ -198,7 +212,13 @@ class ModelChain:
             for kind in (["rows"] if self.rows else []) + list(kinds):
                 self.store.touch(self.path(keys[i], kind), i)
         if self.state and depth:
-            self.store.touch(self.path(keys[depth - 1], "state"), depth - 1)
+            kind = self._state_kind(keys[depth - 1])
+            if kind is not None:
+                self.store.touch(self.path(keys[depth - 1], kind), depth - 1)
+
+    def _state_kind(self, key: str) -> str | None:
+        """The kind of the state on disk at a block's end (a checkpoint's first), if any."""
+        return next((k for k in STATE_KINDS if self.path(key, k).is_file()), None)
 
     # -- held states ---------------------------------------------------------------------------
     def hold(self, key: str, length: int, write: BlockWrite, tally: Tally) -> None:
@@ -208,11 +228,16 @@ class ModelChain:
             self._write_held(next(iter(self.held)))
 
     def _settle_held(self, keys: list[str], last: int) -> None:
-        """A prompt that goes on past a held state will hold a deeper one: drop it."""
-        for key, (length, _, _) in list(self.held.items()):
+        """A prompt that goes on past a held state will hold a deeper one: the held one is
+        written as a thin state (`dense`), or dropped."""
+        for key, (length, write, tally) in list(self.held.items()):
             index = length // self.block - 1
             if last > length and index < len(keys) and keys[index] == key:
                 del self.held[key]
+                if self.dense:
+                    path = self.path(key, "state-thin")
+                    meta = {**write.meta, "kind": "state-thin"}
+                    self.submit(replace(write, path=path, meta=meta), tally)
 
     def _write_held(self, key: str) -> None:
         _, write, tally = self.held.pop(key)
@@ -260,9 +285,11 @@ class Watch:
             rows = functools.partial(blocks.rows, cached.cache, length - block, length)
             self._write(key, "rows", index, meta, rows)
         due = (index + 1) % chain.state_every == 0 or length in self.state_at
+        state = functools.partial(blocks.state, cached.cache)
         if chain.state and (due or length == self.last):
-            state = functools.partial(blocks.state, cached.cache)
             self._write(key, "state", index, meta, state, hold=not due)
+        elif chain.state and chain.dense and not chain.path(key, "state").is_file():
+            self._write(key, "state-thin", index, meta, state)
         for kind, recorded in self.hidden.items():
             if length - block >= self.first and recorded.has(length - block, length):
                 rows = recorded.get(length - block, length)

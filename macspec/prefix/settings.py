@@ -12,8 +12,12 @@ BLOCK = 256
 well under a millisecond besides reading its bytes), and a shared prefix is found to within
 256 ids (README: the figures)."""
 STATE_EVERY = 8
-"""Recurrent state is stored at every this many boundaries, besides the boundaries where a
-next request is likely to resume (binding.py)."""
+"""Recurrent state is kept at every this many boundaries, besides the boundaries where a
+next request is likely to resume (binding.py): checkpoints, evicted in their turn."""
+THIN_SHARE = 0.5
+"""The states between checkpoints (`dense_states`) are evicted first, oldest first, while the
+folder is over its bound and they fill more than this share of it: the most recent prompts
+keep a state at every boundary, older ones thin out to the checkpoints."""
 DEFAULT_GB = 10.0
 
 
@@ -27,6 +31,9 @@ class DiskCacheSettings:
     """None: `prompt-cache` in the macspec home."""
     block: int = BLOCK
     state_every: int = STATE_EVERY
+    dense_states: bool = True
+    """Recurrent state at every boundary: the ones between checkpoints as `state-thin` files,
+    evicted first (`THIN_SHARE`), so a shared prefix is reused to within one block."""
 
     @property
     def enabled(self) -> bool:

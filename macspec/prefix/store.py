@@ -7,7 +7,9 @@
 
 A file's modification time is its last use: set when written and whenever a request reads or
 reuses it, a block deeper in its chain a little older than its parent, so eviction (least
-recently used first) cuts chains from their ends, never their shared beginnings. Several
+recently used first) cuts chains from their ends, never their shared beginnings; recurrent
+states between checkpoints (`state-thin`) go first while they fill more than their share of
+the bound (`settings.THIN_SHARE`), so older prompts thin out to their checkpoints. Several
 processes share the folder with no lock: files are written once, renamed into place whole,
 and a file deleted under a reader is simply missing for it.
 """
@@ -27,6 +29,7 @@ import mlx.core as mx
 
 from macspec.prefix import blockfile
 from macspec.prefix.blockfile import TEMP_MARK, Damaged
+from macspec.prefix.settings import THIN_SHARE
 
 log = logging.getLogger("macspec.prefix")
 
@@ -38,6 +41,8 @@ READERS = 4
 """Block files read and checked at once when a prefix is restored."""
 DEPTH_NS = 1000
 """Each block of a chain is this much older than its parent (in its last-use time)."""
+THIN = ".state-thin" + SUFFIX
+"""How a recurrent state between checkpoints ends its name (evicted first)."""
 
 
 @dataclass
@@ -56,9 +61,11 @@ class ModelUsage:
 class DiskStore:
     """Block files under `root`, at most `max_bytes` in all (checked after writes)."""
 
-    def __init__(self, root: Path, max_bytes: int):
+    def __init__(self, root: Path, max_bytes: int, thin_share: float = THIN_SHARE):
         self.root = Path(root)
         self.max_bytes = max_bytes
+        self.thin_share = thin_share
+        """Thin states are evicted first while over the bound and above this share of it."""
 
     # -- names ---------------------------------------------------------------------------------
     def model_folder(self, fingerprint: str) -> Path:
@@ -143,15 +150,26 @@ class DiskStore:
         return sum(size for _, size, _ in self._files())
 
     def evict(self) -> int:
-        """Delete the least recently used files until the folder fits `max_bytes`; returns the
-        bytes freed."""
-        files = self._files()
+        """Delete files until the folder fits `max_bytes`: thin states first (oldest first)
+        while they fill more than `thin_share` of it, then the least recently used of all;
+        returns the bytes freed."""
+        files = [f for f in self._files() if TEMP_MARK not in f[2].name]  # not live writes
         total = sum(size for _, size, _ in files)
+        thin = sorted((f for f in files if f[2].name.endswith(THIN)), key=lambda f: f[0])
+        thin_bytes = sum(size for _, size, _ in thin)
+        gone: set[Path] = set()
         freed = 0
+        for _, size, path in thin:
+            if total - freed <= self.max_bytes or thin_bytes <= self.thin_share * self.max_bytes:
+                break
+            path.unlink(missing_ok=True)
+            gone.add(path)
+            freed += size
+            thin_bytes -= size
         for _, size, path in sorted(files, key=lambda f: f[0]):
             if total - freed <= self.max_bytes:
                 break
-            if TEMP_MARK in path.name:  # being written by a live process
+            if path in gone:
                 continue
             path.unlink(missing_ok=True)
             freed += size

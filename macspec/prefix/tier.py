@@ -182,8 +182,9 @@ def attach(
         root = root_key(identity.fingerprint, settings_text(settings.block, options))
         store.register(identity.fingerprint, {"name": identity.name, "folder": identity.folder})
         chains[name] = ModelChain(
-            fresh, store, writer, identity.fingerprint, root, settings.block, settings.state_every
-        )
+            fresh, store, writer, identity.fingerprint, root, settings.block,
+            settings.state_every, settings.dense_states,
+        )  # fmt: skip
     if TARGET not in chains:
         return None
     tier = DiskTier(engine, store, writer, chains)
