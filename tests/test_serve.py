@@ -127,7 +127,7 @@ BAD = [
     ("/chat/completions", {"model": "tiny", "messages": MESSAGES, "stream": "yes"}, 400, "stream"),
     (
         "/chat/completions",
-        {"model": "tiny", "messages": MESSAGES, "response_format": {"type": "json_object"}},
+        {"model": "tiny", "messages": MESSAGES, "response_format": {"type": "grammar"}},
         400,
         "response_format",
     ),

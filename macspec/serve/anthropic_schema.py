@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from macspec.serve.errors import APIError
+from macspec.serve.formats import anthropic_format
 from macspec.serve.notes import log_once
 from macspec.serve.turn import ChatTurn, ToolChoice
 
@@ -103,6 +104,10 @@ class MessagesRequest(CountRequest):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=0)
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    """`format` ({type: json_schema, schema}) constrains the answer (structured outputs)."""
+    output_format: dict[str, Any] | None = None
+    """The structured-outputs beta's spelling of `output_config.format`."""
 
     def to_generation_turn(self) -> ChatTurn:
         stops = tuple(s for s in self.stop_sequences or [] if s)
@@ -114,6 +119,8 @@ class MessagesRequest(CountRequest):
             top_k=self.top_k,
             max_tokens=self.max_tokens,
             stop=stops,
+            grammar=anthropic_format(self.output_config, self.output_format),
+            grammar_param="output_config.format" if self.output_config else "output_format",
         )
 
 

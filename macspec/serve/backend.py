@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from macspec.engine.core.grammar import Constraint, Grammar
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.errors import MacspecError
@@ -112,6 +113,7 @@ class Backend:
         """Ids a /v1/completions prompt may hold."""
         self._tokenizer_lock = threading.Lock()
         """Encoding runs on request threads; one at a time (the worker only decodes)."""
+        self._grammar_lock = threading.Lock()
         self.tool_format = tool_format(tokenizer)
         """How the model writes tool calls; None: it cannot call tools."""
         self.any_model = any_model
@@ -138,11 +140,12 @@ class Backend:
     def prepare_turn(self, turn: ChatTurn) -> Prepared:
         """A chat request of any protocol -> prompt ids (the model's own template, tools
         included) and the generation's settings; a 400 for what cannot be honoured."""
+        self._check_grammar(turn)
         prompt, start, fmt, forced = self.render_turn(turn)
         stops = turn.stop
         if fmt is not None and not turn.parallel_tool_calls and fmt.end:
             stops = (*stops, fmt.end)  # one call: the answer ends where it does
-        config = self._config(turn, len(prompt), stops)
+        config = self._config(turn, len(prompt), stops, turn.grammar)
         tools = turn.tools if fmt is not None else None
         budget = None
         if turn.thinking_budget is not None and start is not None and not forced:
@@ -170,7 +173,29 @@ class Backend:
                 close = "\n</think>\n\n" if start and fmt is not HARMONY else ""
                 prompt += self.tokenizer.encode(close + forced, add_special_tokens=False)
                 start = False if close else start
+            elif turn.grammar is not None and start and self.tool_format is not HARMONY:
+                # The grammar holds from the answer's first token: its reasoning is closed.
+                prompt += self.tokenizer.encode("\n</think>\n\n", add_special_tokens=False)
+                start = False
         return prompt, start, fmt, forced
+
+    def _check_grammar(self, turn: ChatTurn) -> None:
+        """A 400 for a structured output format this server cannot hold the answer to: one
+        llguidance cannot compile (with its reason), or one asked for alongside tools."""
+        if turn.grammar is None:
+            return
+        if turn.calls_tools:
+            raise APIError(
+                400,
+                f"{turn.grammar_param} together with tools is not supported: send tool_choice "
+                "'none', or the request without tools",
+                turn.grammar_param,
+            )
+        with self._grammar_lock:  # the first compile builds llguidance's tokenizer, once
+            try:
+                Constraint(turn.grammar, self.tokenizer)
+            except MacspecError as exc:
+                raise APIError(400, str(exc), turn.grammar_param) from None
 
     def count_tokens(self, turn: ChatTurn) -> int:
         """Ids a request with this conversation would put in the prompt (however long)."""
@@ -245,7 +270,13 @@ class Backend:
         )
         return Prepared(ids, self._config(settings, len(ids), settings.stop), None)
 
-    def _config(self, turn: ChatTurn, prompt_tokens: int, stops: tuple[str, ...]):
+    def _config(
+        self,
+        turn: ChatTurn,
+        prompt_tokens: int,
+        stops: tuple[str, ...],
+        grammar: Grammar | None = None,
+    ) -> GenerationConfig:
         wanted = turn.max_tokens
         max_tokens = wanted if wanted is not None else self.defaults.max_tokens
         if self.context_length is not None and self.context_length - prompt_tokens < 1:
@@ -272,6 +303,7 @@ class Backend:
                 stop_strings=stops,
                 seed=turn.seed,
                 context_length=self.context_length,
+                grammar=grammar,
             )
         except MacspecError as exc:  # the schema checks ranges; this is a safety net
             raise APIError(400, str(exc)) from None

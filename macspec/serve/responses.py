@@ -101,7 +101,7 @@ class ResponseRenderer:
             "instructions": body.instructions,
             "reasoning": _dump(body.reasoning),
             "metadata": body.metadata or {},
-            "text": {"format": {"type": "text"}},
+            "text": {"format": ((body.text or {}).get("format") or {"type": "text"})},
             "truncation": "disabled",
             "error": None,
             "incomplete_details": None,

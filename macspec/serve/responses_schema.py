@@ -5,7 +5,7 @@ Input items: messages (`input_text` / `output_text` parts, or a string), `functi
 `function_call_output` and `reasoning` items. Function tools only: other tool types (web
 search, a hosted shell...) are not offered to the model, with one log line. Fields this schema
 does not know (`store`, `include`, `prompt_cache_key`...) are accepted and ignored; a
-structured `text.format` and `background` are a 400.
+`text.format` json_schema / json_object constrains the answer; `background` is a 400.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from macspec.serve.errors import APIError
+from macspec.serve.formats import responses_format
 from macspec.serve.notes import log_once
-from macspec.serve.schema import NO_STRUCTURED_OUTPUT
 from macspec.serve.turn import ChatTurn, ToolChoice
 
 EFFORT_OFF = ("none", "minimal")
@@ -62,9 +62,6 @@ class ResponsesRequest(BaseModel):
 
     def unsupported(self) -> APIError | None:
         """The first field set to something macspec cannot do, as a 400."""
-        kind = ((self.text or {}).get("format") or {}).get("type", "text")
-        if kind != "text":
-            return APIError(400, NO_STRUCTURED_OUTPUT.format(kind=kind), "text.format")
         if self.background:
             return APIError(400, "background responses are not supported", "background")
         return None
@@ -119,6 +116,8 @@ class ResponsesRequest(BaseModel):
             top_p=self.top_p,
             max_tokens=self.max_output_tokens,
             field_prefix="input",
+            grammar=responses_format(self.text),
+            grammar_param="text.format",
         )
 
 

@@ -14,15 +14,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from macspec.serve.errors import APIError
+from macspec.serve.formats import chat_format
 from macspec.serve.turn import ChatTurn, ToolChoice
 
 MAX_STOPS = 16
-
-
-NO_STRUCTURED_OUTPUT = (
-    "a {kind} answer format is not supported: macspec does not constrain decoding (ask for "
-    "JSON in the prompt, or use a tool)"
-)
 
 
 class Request(BaseModel):
@@ -199,9 +194,6 @@ class ChatCompletionRequest(Request):
             return APIError(
                 400, "the legacy 'functions' are not supported: send 'tools'", "functions"
             )
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            return APIError(400, NO_STRUCTURED_OUTPUT.format(kind=kind), "response_format")
         return super().unsupported()
 
     def to_turn(self) -> ChatTurn:
@@ -226,6 +218,7 @@ class ChatCompletionRequest(Request):
             max_tokens=self.token_limit(),
             stop=self.stop_strings(),
             seed=self.seed,
+            grammar=chat_format(self.response_format),
         )
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from macspec.engine.core.grammar import Grammar
+
 ChoiceMode = Literal["auto", "none", "required", "function"]
 
 
@@ -50,6 +52,10 @@ class ChatTurn:
     thinking_budget: int | None = None
     """Most tokens of reasoning before the answer (None: no limit)."""
     field_prefix: str = "messages"
+    grammar: Grammar | None = None
+    """What the answer must match (the request's structured output format); None: free."""
+    grammar_param: str = "response_format"
+    """The request's field that asked for it, for error messages."""
     """The request's field holding the conversation, for error messages ('input' in Responses)."""
 
     @property
