@@ -346,7 +346,7 @@ def test_a_pairs_head_serves_draft_eagle3_and_auto(capsys, folders, tmp_path, mo
         'description = "a tiny target and its EAGLE-3 head"\nsize_gb = 0.01\n'
     )
     engine, _ = build_engine(resolve_models("mine", None, None), draft="auto")
-    assert set(engine.drafter.drafters) == {"eagle3", "lookup"}  # auto counts the head
+    assert set(engine.drafter.drafters) == {"eagle3", "lookup", "suffix"}  # auto counts the head
     base = ["run", "The quick brown fox", "--pair", "mine", "--json", "--max-tokens", "12"]
     plain = json.loads(run(capsys, *base, "--no-draft")[1])
     code, out, err = run(capsys, *base, "--draft", "eagle3")
