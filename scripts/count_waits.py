@@ -45,7 +45,9 @@ def main(argv=None) -> int:
     from mlx_lm import load
 
     loop = module("macspec.engine.generate.loop", "macspec.engine.loop", "macspec.engine")
-    drafters = module("macspec.engine.drafters.model", "macspec.engine.drafters", "macspec.drafters")
+    drafters = module(
+        "macspec.engine.drafters.model", "macspec.engine.drafters", "macspec.drafters"
+    )
     lookup = module("macspec.engine.drafters.lookup", "macspec.engine.lookup", "macspec.lookup")
     policy = module("macspec.engine.policy.length", "macspec.engine.policy", "macspec.policy")
     sampling = module("macspec.engine.core.sampling", "macspec.engine.sampling", "macspec.sampling")
