@@ -4,6 +4,7 @@ fixtures of tests/ and on the demo pair.
     python scripts/tree_figures.py                 # fixtures and the demo pair, greedy
     python scripts/tree_figures.py --only demo --temps 0,0.7
     python scripts/tree_figures.py --only eagle3 --temps 0,0.7   # EAGLE-3 heads (tests' kind)
+    python scripts/tree_figures.py --only blocks --temps 0,0.7   # block marginals (DFlash)
 
 Every greedy output is checked against mlx-lm's target-only greedy (generate_step); a seeded
 sampled run (the coupled rule) against plain decoding with the same seed. One engine serves all
@@ -27,7 +28,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 import mlx.core as mx  # noqa: E402
 import tiny  # noqa: E402
 from losslesskit import PROMPTS, reference  # noqa: E402
-from treekit import OracleBlock, mtp_head  # noqa: E402
+from treekit import OracleBlock, TornBlock, mtp_head  # noqa: E402
 
 from macspec.engine.core.sampling import SamplingParams  # noqa: E402
 from macspec.engine.drafters.dflash import DFlashDrafter  # noqa: E402
@@ -131,6 +132,28 @@ def fixtures(root: Path, tok, args):
             yield f"qwen3, block marginals {sharp:g} sharp, {how}", qwen3, make, force
 
 
+def blocks(root: Path, tok, args):
+    """Block drafters with known marginals, on the qwen3 fixture (`--only blocks`): sharp on
+    the target's own tokens (5: always right, said to be about 0.25 likely), flat (2), and torn
+    (a sharp marginal, or one torn between two ids, by a coin per position: where DDTree's
+    per-block branching pays). Each grown as DDTree, as the measured shape, and as the policy
+    chooses by what each kept."""
+    prompts = [tok.encode(p) for p in PROMPTS]
+    qwen3 = tiny.arch_model("qwen3", 0, scale=3.0)
+    folder = tiny.save_dflash_folder(root / "dflash-blocks", target_layer_ids=(0, 1))
+    model = load_dflash(folder, tiny.CONFIGS[id(qwen3)])
+    answers = {tuple(p): reference(qwen3, p, args.max_tokens) for p in prompts}
+    kinds = {
+        "sharp 5": lambda: OracleBlock(model, qwen3, answers, 5.0),
+        "flat 2": lambda: OracleBlock(model, qwen3, answers, 2.0),
+        "torn": lambda: TornBlock(model, qwen3, answers),
+    }
+    for name, make in kinds.items():
+        for how in ("DDTree", "measured shape", "the better, measured"):
+            force = {"DDTree": True, "measured shape": False}.get(how)
+            yield f"qwen3, block marginals {name}, {how}", qwen3, make, force
+
+
 def eagle3_heads(root: Path):
     """EAGLE-3 heads made from near-bigram targets (tests/eagle3kit.py: 200 of 260 ids in the
     draft vocabulary), exact and noisy, on a llama and a qwen3."""
@@ -213,7 +236,7 @@ def hybrid_pass_cost(repeats: int = 9) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    only = ("fixtures", "eagle3", "demo", "hybrid-cost")
+    only = ("fixtures", "blocks", "eagle3", "demo", "hybrid-cost")
     parser.add_argument("--only", choices=only, default=None)
     parser.add_argument("--temps", default="0")
     parser.add_argument("--sampler", choices=("coupled", "rejection"), default=None)
@@ -236,6 +259,9 @@ def main() -> None:
     prompts = [tok.encode(p) for p in PROMPTS]
     if args.only in (None, "fixtures"):
         for label, target, make, force in fixtures(root, tok, args):
+            rows_for(label, target, make, prompts, args.max_tokens, args, tok, force=force)
+    if args.only == "blocks":
+        for label, target, make, force in blocks(root, tok, args):
             rows_for(label, target, make, prompts, args.max_tokens, args, tok, force=force)
     if args.only in (None, "eagle3"):
         for label, target, make, force in eagle3_heads(root):

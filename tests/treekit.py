@@ -47,3 +47,32 @@ class OracleBlock(DFlashDrafter):
         hot = mx.zeros((len(ahead), self.vocab))
         hot[mx.arange(len(ahead)), mx.array(ahead)] = self.sharp
         return logits + hot, 1
+
+
+class TornBlock(OracleBlock):
+    """A block drafter that knows where it is unsure, as a trained one does: at each position,
+    by a fair coin, its marginal is sharp on the target's own token (logit `sharp`), or torn
+    between that token and another one (`torn` logits each, the other one as likely first).
+    A tree that branches where the marginals are torn (DDTree) keeps more than a fixed shape,
+    which cannot tell those positions from the others."""
+
+    def __init__(self, model, target, answers: dict, sharp=9.0, torn=4.0, seed: int = 0):
+        super().__init__(model, target, answers, sharp, seed)
+        self.torn = torn
+
+    def block_logits(self, context, k):
+        block = super().block_logits(context, k)
+        if block is None:
+            return None
+        logits, fed = block
+        n = logits.shape[0]
+        self.key, coin, other, jitter = mx.random.split(self.key, 4)
+        torn = mx.random.bernoulli(0.5, (n, 1), key=coin)
+        right = mx.argmax(logits, axis=-1)
+        wrong = (right + 1 + mx.random.randint(0, self.vocab - 1, (n,), key=other)) % self.vocab
+        hot = mx.zeros_like(logits)
+        hot[mx.arange(n), wrong] = self.torn + 0.5 * mx.random.normal((n,), key=jitter)
+        # Torn rows: the right token's logit down to `torn`, a wrong one's up to about it.
+        down = mx.zeros_like(logits)
+        down[mx.arange(n), right] = self.sharp - self.torn
+        return mx.where(torn, logits - down + hot, logits), fed

@@ -178,10 +178,11 @@ def _block_tree(drafter: DFlashDrafter, context, plan: TreePlan, scorer: Scorer)
     if plan.shape is None:  # DDTree over the block's marginals
         if scorer.params.greedy:
             keys = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        else:
+        else:  # coupled: log q + the target's noise, as the chance each id is its pick
             keys = mx.concatenate(
                 [scorer(logits[d : d + 1], d)[0] for d in range(logits.shape[0])], axis=0
             )
+            keys = keys - mx.logsumexp(keys, axis=-1, keepdims=True)
         tree = ddtree(keys, plan.budget)
     else:
         shape = plan.shape

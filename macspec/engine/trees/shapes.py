@@ -31,8 +31,11 @@ from macspec.engine.core.sampling import Randomness, SamplingParams, probabiliti
 FLOOR = -100.0
 """Log-probabilities below this count as this (e^-100 is nothing): cumulative scores stay
 finite, so a child always scores below its parent."""
-DEPTH_TIE = 1e-3
-"""Subtracted per depth from a node's score: a child never ties its parent."""
+DEPTH_TIE = 1e-6
+"""A node's score is made this much worse, relatively, per depth (and by a tenth of it
+absolutely, for a score of 0): a child never ties its parent, and no node loses to a shallower
+one it outscores by more than float32's noise (1e-3 did: a few nodes per tree, 1e-3 of their
+value each)."""
 
 
 @dataclass(frozen=True)
@@ -260,14 +263,16 @@ def grow(shape: Shape, root_logits: mx.array, scorer: Scorer, expand: Expand) ->
 
 
 def ddtree(keys: mx.array, budget: int) -> TreeDraft:
-    """DDTree's best-first tree over per-position scores `keys` (L, V) (log-probabilities, or
-    log q + the coupled noise): the `budget` prefixes of highest summed score, found level by
-    level on the device (each level keeps its `budget` best: no prefix of the best set is lost).
+    """DDTree's best-first tree over per-position log-probabilities `keys` (L, V) (of the
+    drafter's marginals, or of log q + the coupled noise): the `budget` prefixes of highest
+    summed score, found level by level on the device (each level keeps its `budget` best: no
+    prefix of the best set is lost). Scores are capped at 0, so a child never outscores its
+    parent and the best set is prefix-closed (a key above 0 would orphan nodes).
     """
     depth_count, vocab = keys.shape
     k = min(budget, vocab)
     ids, vals = top(keys, k)
-    vals = mx.maximum(vals, FLOOR)
+    vals = mx.clip(vals, FLOOR, 0.0)
     scores, parents, tokens, ranks, depths = (
         [vals[0]],
         [mx.full((k,), -1, mx.int32)],
@@ -290,7 +295,8 @@ def ddtree(keys: mx.array, budget: int) -> TreeDraft:
     total = start + width
     n = min(budget, total)
     score, depth = mx.concatenate(scores), mx.concatenate(depths)
-    key = score - DEPTH_TIE * depth.astype(mx.float32)
+    tie = DEPTH_TIE * depth.astype(mx.float32)
+    key = score * (1 + tie) - 0.1 * tie
     chosen = mx.argpartition(-key, kth=n - 1)[:n] if n < total else mx.arange(n)
     chosen = chosen.astype(mx.int32)
     # Level order, then the parents renumbered.

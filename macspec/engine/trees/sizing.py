@@ -32,9 +32,12 @@ DEPTHS = 16
 """Depths tracked (deeper ones borrow the deepest seen)."""
 AUTO_BUDGETS = (4, 8, 16, 32, 64)
 """Tree sizes `auto` prices."""
-PROBE_GROWTH = 64
+PROBE_GROWTH = 16
 """A block drafter's trees: every this many, the way of growing them that keeps fewer guesses
-is tried again."""
+is tried again (the figures stay fresh)."""
+MIN_TRIES = 4
+"""A block drafter's trees: each way of growing them is tried this many times, DDTree first,
+before the guesses they kept choose between them."""
 RESHAPE_EVERY = 4
 """Cycles between recomputations of the best shape from the acceptance measured."""
 DEFAULT_DEPTH = 8
@@ -100,6 +103,44 @@ class RankStats:
         return table
 
 
+class Growth:
+    """How a block drafter's trees are grown, greedy or coupled: DDTree over the block's own
+    marginals, or the shape measured by rank. Chosen by the guesses each kept per tree on the
+    running request (decayed means over each way's own trees), after `MIN_TRIES` of each,
+    taken in turn, DDTree first; the one that kept fewer is tried again every `PROBE_GROWTH`-th
+    tree. No fixed preference: a tie goes to DDTree, the reference's construction."""
+
+    WAYS = ("ddtree", "shape")
+
+    def __init__(self, memory: float = 0.95):
+        self.memory = memory
+        self.kept = dict.fromkeys(self.WAYS, 0.0)
+        self.weight = dict.fromkeys(self.WAYS, 0.0)
+        self.planned = dict.fromkeys(self.WAYS, 0)
+        self.trees = 0
+
+    def add(self, grown: str, kept: int) -> None:
+        """A tree grown that way kept `kept` guesses."""
+        self.kept[grown] = self.kept[grown] * self.memory + kept
+        self.weight[grown] = self.weight[grown] * self.memory + 1
+
+    def mean(self, grown: str) -> float | None:
+        """Guesses kept per tree grown that way, None before one was."""
+        return self.kept[grown] / self.weight[grown] if self.weight[grown] else None
+
+    def ddtree_next(self) -> bool:
+        """Whether the next tree is DDTree's (else the measured shape's)."""
+        self.trees += 1
+        ddtree, shape = (self.planned[w] for w in self.WAYS)
+        if min(ddtree, shape) < MIN_TRIES or None in (self.mean("ddtree"), self.mean("shape")):
+            pick = ddtree <= shape
+        else:
+            better = self.mean("ddtree") >= self.mean("shape")
+            pick = better != (self.trees % PROBE_GROWTH == 0)
+        self.planned["ddtree" if pick else "shape"] += 1
+        return pick
+
+
 class TreePolicy(DraftPolicy):
     """A draft-length policy with trees: it asks `inner` when and how deep to guess, and
     decides whether the cycle verifies a tree, of which shape."""
@@ -126,9 +167,8 @@ class TreePolicy(DraftPolicy):
         self._cycles = 0
         self.last_tree = 0
         """Nodes of the latest cycle's tree (0: a chain or a plain step), for the UI."""
-        self._grown = {"shape": Ema(0.2), "ddtree": Ema(0.2)}
-        """A block drafter's trees, greedy or coupled: guesses kept per tree, by how grown."""
-        self._block_trees = 0
+        self.growth = Growth()
+        """A block drafter's trees, greedy or coupled: DDTree's or the measured shape."""
         self._shapes: dict[tuple[str, int, int], Shape] = {}
         self._observed = 0
         self._drafter_reasons: dict[int, str | None] = {}
@@ -183,7 +223,7 @@ class TreePolicy(DraftPolicy):
             seconds = cycle.draft_s + cycle.verify_s + cycle.overhead_s
             self._tree_time.setdefault(cycle.tree.nodes, Ema(0.3)).add(seconds)
         if cycle.tree is not None and treedraft.max_depth(self._engine.drafter) is not None:
-            self._grown[cycle.tree.grown].add(cycle.accepted)
+            self.growth.add(cycle.tree.grown, cycle.accepted)
         if cycle.tree is not None:  # the draft-length policy learns the chain it holds
             tree = cycle.tree
             run = next((i for i, r in enumerate(tree.path_ranks) if r), len(tree.path_ranks))
@@ -214,16 +254,10 @@ class TreePolicy(DraftPolicy):
 
     def _ddtree_next(self) -> bool:
         """A block drafter's next tree: DDTree over its own marginals, or the measured shape,
-        whichever has kept more guesses per tree (each tried first; the other one every
-        `PROBE_GROWTH`-th tree since, so the figures stay fresh)."""
-        self._block_trees += 1
+        whichever has kept more guesses per tree on this request (`Growth`)."""
         if self._recurrent:  # recurrent layers need the tree's shape on the host
             return False
-        shape, ddtree = (self._grown[k].value for k in ("shape", "ddtree"))
-        if shape is None or ddtree is None:
-            return ddtree is None and shape is not None
-        better = ddtree > shape
-        return better != (self._block_trees % PROBE_GROWTH == 0)
+        return self.growth.ddtree_next()
 
     def _tree_possible(self, context: list[int] | None = None) -> bool:
         if self.note is not None or self._engine is None:
