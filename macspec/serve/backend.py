@@ -22,6 +22,7 @@ from macspec.models.tools import HARMONY, ToolFormat, template_messages, tool_fo
 from macspec.serve.budget import ThinkingBudget
 from macspec.serve.errors import APIError
 from macspec.serve.schema import CompletionRequest
+from macspec.serve.tool_grammar import forced_call_grammar
 from macspec.serve.turn import ChatTurn
 from macspec.serve.worker import Worker
 
@@ -145,7 +146,12 @@ class Backend:
         stops = turn.stop
         if fmt is not None and not turn.parallel_tool_calls and fmt.end:
             stops = (*stops, fmt.end)  # one call: the answer ends where it does
-        config = self._config(turn, len(prompt), stops, turn.grammar)
+        grammar = turn.grammar
+        if fmt is not None and turn.tool_choice.mode in ("required", "function"):
+            grammar = self._call_grammar(turn, fmt)
+            if grammar is not None:
+                self._compile(grammar, "tools")
+        config = self._config(turn, len(prompt), stops, grammar)
         tools = turn.tools if fmt is not None else None
         budget = None
         if turn.thinking_budget is not None and start is not None and not forced:
@@ -168,7 +174,8 @@ class Backend:
             start = reasoning_start(self.tokenizer, prompt)
             forced = ""
             if fmt is not None and turn.tool_choice.mode in ("required", "function"):
-                forced = fmt.opening(turn.tool_choice.name)
+                # A strict tool's call is written by its grammar; else the prompt opens it.
+                forced = "" if self._call_grammar(turn, fmt) else fmt.opening(turn.tool_choice.name)
                 # A prompt that opens the reasoning closes it first: the answer is the call.
                 close = "\n</think>\n\n" if start and fmt is not HARMONY else ""
                 prompt += self.tokenizer.encode(close + forced, add_special_tokens=False)
@@ -191,11 +198,21 @@ class Backend:
                 "'none', or the request without tools",
                 turn.grammar_param,
             )
+        self._compile(turn.grammar, turn.grammar_param)
+
+    def _compile(self, grammar: Grammar, param: str) -> None:
+        """A 400 naming `param`, with llguidance's reason, for a grammar it cannot compile."""
         with self._grammar_lock:  # the first compile builds llguidance's tokenizer, once
             try:
-                Constraint(turn.grammar, self.tokenizer)
+                Constraint(grammar, self.tokenizer)
             except MacspecError as exc:
-                raise APIError(400, str(exc), turn.grammar_param) from None
+                raise APIError(400, str(exc), param) from None
+
+    def _call_grammar(self, turn: ChatTurn, fmt: ToolFormat) -> Grammar | None:
+        """The grammar of a forced call to strict tools (None: not strict, or a format the
+        grammar cannot write)."""
+        name = turn.tool_choice.name if turn.tool_choice.mode == "function" else None
+        return forced_call_grammar(fmt, self.tokenizer, turn.tools, name, turn.strict_tools)
 
     def count_tokens(self, turn: ChatTurn) -> int:
         """Ids a request with this conversation would put in the prompt (however long)."""

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from macspec.serve.errors import APIError
 from macspec.serve.formats import responses_format
 from macspec.serve.notes import log_once
+from macspec.serve.tool_grammar import strict_names
 from macspec.serve.turn import ChatTurn, ToolChoice
 
 EFFORT_OFF = ("none", "minimal")
@@ -117,6 +118,7 @@ class ResponsesRequest(BaseModel):
             max_tokens=self.max_output_tokens,
             field_prefix="input",
             grammar=responses_format(self.text),
+            strict_tools=strict_names(flat_tools(self.tools or [])),
             grammar_param="text.format",
         )
 

@@ -219,6 +219,7 @@ class ChatCompletionRequest(Request):
             stop=self.stop_strings(),
             seed=self.seed,
             grammar=chat_format(self.response_format),
+            strict_tools=frozenset(t.function.name for t in self.tools or [] if t.function.strict),
         )
 
 

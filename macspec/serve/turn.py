@@ -55,6 +55,8 @@ class ChatTurn:
     grammar: Grammar | None = None
     """What the answer must match (the request's structured output format); None: free."""
     grammar_param: str = "response_format"
+    strict_tools: frozenset[str] = frozenset()
+    """Tools marked strict: a forced call to them has its arguments held to their parameters."""
     """The request's field that asked for it, for error messages."""
     """The request's field holding the conversation, for error messages ('input' in Responses)."""
 
