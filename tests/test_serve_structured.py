@@ -58,14 +58,7 @@ SCHEMA = {
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "nosuch"}}}
 
 
-BATCH_GRAMMARS = pytest.mark.xfail(
-    reason="the batch engine's grammar support is landing (the lead's work)", strict=False
-)
-
-
-@pytest.fixture(
-    scope="module", params=[1, pytest.param(8, marks=BATCH_GRAMMARS)], ids=["serial", "batch"]
-)
+@pytest.fixture(scope="module", params=[1, 8], ids=["serial", "batch"])
 def server(request):
     """`macspec serve --max-batch 1` (the serial worker) and its default, --max-batch 8."""
     resolved = resolve_models(None, str(DEMO / "target"), str(DEMO / "draft"))
