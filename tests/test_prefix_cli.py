@@ -181,3 +181,41 @@ def test_a_chat_resumed_later_starts_from_the_disk(folders):
     assert "from disk" in summary_line(done.stats, done.finish_reason)
     cold = session(gb=0).engine.generate(later.last_prompt, config)
     assert done.tokens == [e for e in cold if isinstance(e, Done)][0].tokens
+
+
+@pytest.mark.parametrize("kind, max_batch", [("llama", 1), ("llama", 4), ("qwen3_5", 4)])
+def test_anthropic_usage_counts_the_blocks_a_request_wrote(
+    folders, hybrid_folders, kind, max_batch
+):
+    pair = folders if kind == "llama" else hybrid_folders
+    ask = {"model": "tiny", "system": DOCUMENT, "max_tokens": 8}
+    ask["messages"] = [{"role": "user", "content": "hello"}]
+
+    def usages(server) -> tuple[int, object, object]:
+        api = anthropic.Anthropic(base_url=server.base_url[:-3], api_key=servekit.KEY)
+        whole = api.messages.create(**ask).usage
+        with api.messages.stream(**ask) as stream:
+            streamed = stream.get_final_message().usage
+        counted = api.messages.count_tokens(model="tiny", system=DOCUMENT, messages=ask["messages"])
+        return counted.input_tokens, whole, streamed
+
+    def total(usage) -> int:
+        return (
+            usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+        )
+
+    with servekit.ServerThread(backend(pair, max_batch), api_key=servekit.KEY) as server:
+        prompt, cold, again = usages(server)
+    drained()
+    with servekit.ServerThread(backend(pair, max_batch), api_key=servekit.KEY) as server:
+        _, restarted, _ = usages(server)
+    blocks = (prompt - 1) // 256 * 256  # the whole blocks before the prompt's last id
+    # Cold: the blocks are written (creation), the rest prefilled; nothing read.
+    assert (cold.cache_read_input_tokens, cold.cache_creation_input_tokens) == (0, blocks)
+    assert cold.input_tokens == prompt - blocks
+    # Again, from memory; after a restart, from the disk: read, nothing written.
+    assert again.cache_read_input_tokens > 0 and again.cache_creation_input_tokens == 0
+    assert restarted.cache_read_input_tokens == blocks
+    assert restarted.cache_creation_input_tokens == 0
+    for usage in (cold, again, restarted):
+        assert total(usage) == prompt  # what count_tokens says

@@ -105,3 +105,28 @@ def test_a_reopened_answer_is_summarised_as_it_was_shown():
     assert (
         stored_summary(stored) == "9 tokens · acceptance 75% of 8 guesses · 3.00 tokens/pass · stop"
     )
+
+
+def test_the_live_rate_shows_mid_answer_as_the_engine_counts_it(tok):
+    """tok/s is there while the answer streams (not '–' until the end), over the tokens after
+    the first pass's, as the engine's own Stats counts them."""
+    from chatkit import tiny_engine, tiny_pair
+
+    from macspec.engine.core.events import Done, Token
+    from macspec.engine.generate.loop import GenerationConfig
+    from tui.live import LiveFigures, figures_line
+
+    ticks = iter(range(10_000))
+    live = LiveFigures(clock=lambda: float(next(ticks)))
+    events = list(tiny_engine(tok, *tiny_pair(tok)).generate([1, 2, 3], GenerationConfig(24)))
+    done = events[-1]
+    assert isinstance(done, Done) and done.stats.steady_tokens > 0
+    seen = 0
+    for event in events[:-1]:
+        live.add(event)
+        seen += isinstance(event, Token)
+        if seen == len(done.tokens) // 2:  # mid-answer
+            figures = live.figures()
+            assert figures.decode_tokens_per_s is not None and not figures.finished
+            assert "– tok/s" not in figures_line(figures)
+    assert live._stats.steady_tokens == done.stats.steady_tokens

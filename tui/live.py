@@ -50,6 +50,7 @@ class LiveFigures:
         self._stats = Stats()
         self._first_at: float | None = None
         self._last_at: float | None = None
+        self._first_pass = 0  # the target pass that brought the first token
         self._history: list[float] = []
         self._draft_length: int | None = None
         self._done: Done | None = None
@@ -62,7 +63,10 @@ class LiveFigures:
                 self._history.append(event.accepted / event.proposed)
         elif isinstance(event, Token):
             now = self._clock()
-            self._first_at = self._first_at if self._first_at is not None else now
+            if self._first_at is None:
+                self._first_at, self._first_pass = now, self._stats.target_passes
+            elif self._stats.target_passes != self._first_pass:
+                self._stats.steady_tokens += 1  # as the engine counts: not the first pass's
             self._last_at = now
             self._stats.generated_tokens += 1
         elif isinstance(event, Done):

@@ -51,6 +51,8 @@ class Tally:
     """Prompt ids of the target loaded from disk (not prefilled, not in memory already)."""
     written_bytes: int = 0
     """Bytes of new block files (a prefix already cached writes nothing)."""
+    written_tokens: int = 0
+    """Prompt ids this request prefilled into the target's new blocks (each block once)."""
 
 
 @dataclass
@@ -90,6 +92,7 @@ class ModelChain:
         block: int,
         state_every: int,
         dense: bool = True,
+        counts: bool = False,
     ):
         self.template = template
         """A fresh cache of the model (as its CacheOptions make it): what a restore fills."""
@@ -97,6 +100,8 @@ class ModelChain:
         self.fingerprint, self.block, self.state_every = fingerprint, block, state_every
         self.dense = dense
         """A state at every boundary: thin ones between the checkpoints."""
+        self.counts = counts
+        """Its new blocks count as the prompt's written ids (the target's chain)."""
         self.chain = Chain(root, block)
         self.rows = blocks.has_rows(template)
         self.state = blocks.has_state(template)
@@ -267,11 +272,13 @@ class Watch:
         self.state_at: set[int] = set()
         """Boundaries (besides every state_every-th) whose state is stored this request."""
         self.tally = Tally()
+        self.counted: set[int] = set()
+        """Blocks (by index) whose ids this request's tally counts as written."""
 
     def begin(self, restored: Restored, tally: Tally) -> None:
         """A request's prefill starts where `restored` says."""
         self.first, self.last, self.state_at = restored.first, restored.last, restored.state_at
-        self.tally = tally
+        self.tally, self.counted = tally, set()
         self.hidden = {kind: HiddenRows() for kind in self.kinds}
 
     def reached(self, cached: CachedModel, length: int) -> None:
@@ -306,6 +313,10 @@ class Watch:
         mx.eval(made)
         nbytes = sum(a.nbytes for a in made.values())
         write = BlockWrite(path, made, {**meta, "kind": kind}, index, nbytes)
+        if self.chain.counts and index not in self.counted:  # a block's ids once, any file
+            self.counted.add(index)
+            end = int(meta["end"])
+            self.tally.written_tokens += end - max(end - self.chain.block, self.first)
         if hold:
             self.chain.hold(key, int(meta["end"]), write, self.tally)
         else:

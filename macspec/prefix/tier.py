@@ -86,6 +86,7 @@ class DiskTier:
         tally = tally if tally is not None else self.tally
         stats.disk_tokens = tally.loaded_tokens
         stats.disk_written_bytes = tally.written_bytes
+        stats.disk_written_tokens = tally.written_tokens
 
     # -- a batch (BatchEngine) -----------------------------------------------------------------
     def start_row(
@@ -183,7 +184,7 @@ def attach(
         store.register(identity.fingerprint, {"name": identity.name, "folder": identity.folder})
         chains[name] = ModelChain(
             fresh, store, writer, identity.fingerprint, root, settings.block,
-            settings.state_every, settings.dense_states,
+            settings.state_every, settings.dense_states, counts=name == TARGET,
         )  # fmt: skip
     if TARGET not in chains:
         return None
@@ -228,7 +229,8 @@ def generate(
     cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[Event]:
     """`engine.generate`, from the deepest prefix of the prompt cached in memory or on disk;
-    the Done's stats say what the disk gave and took (`disk_tokens`, `disk_written_bytes`)."""
+    the Done's stats say what the disk gave and took (`disk_tokens`, `disk_written_bytes`,
+    `disk_written_tokens`)."""
     tier = tier_of(engine)
     if tier is not None:
         tier.prepare(prompt)

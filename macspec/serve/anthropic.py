@@ -5,8 +5,10 @@ A stream is `message_start` (with usage, once the engine knows how much of the p
 cached), then per content block `content_block_start`, its deltas (`thinking_delta`,
 `text_delta`, `input_json_delta`) and `content_block_stop`, then `message_delta` (stop
 reason, usage) and `message_stop`; `ping` while the request waits or its prompt is prefilled.
-Usage: `input_tokens` (prefilled) + `cache_read_input_tokens` (from the prompt cache) +
-`cache_creation_input_tokens` is the prompt, every time.
+Usage: `input_tokens` (prefilled, not cached) + `cache_read_input_tokens` (from the prompt
+cache) + `cache_creation_input_tokens` (prefilled into prompt-cache blocks this request wrote
+to disk: what a later prompt sharing them reads) is the prompt, every time, and what
+count_tokens says. `message_start` knows only the reads; `message_delta` has all three.
 """
 
 from __future__ import annotations
@@ -98,13 +100,20 @@ class MessagesRenderer:
         """The kind of the content block open in the stream ('text', 'thinking'), if any."""
         self.index = -1
 
-    def usage(self, cached: int, output_tokens: int = 0) -> dict[str, Any]:
+    def usage(self, cached: int, output_tokens: int = 0, created: int = 0) -> dict[str, Any]:
         return {
-            "input_tokens": self.prompt_tokens - cached,
-            "cache_creation_input_tokens": 0,
+            "input_tokens": self.prompt_tokens - cached - created,
+            "cache_creation_input_tokens": created,
             "cache_read_input_tokens": cached,
             "output_tokens": output_tokens,
         }
+
+    def final_usage(self, done: Done) -> dict[str, Any]:
+        """The usage of a finished answer: reads, writes and the rest of the prompt."""
+        stats = done.stats
+        cached = self.prompt_tokens - stats.prefilled_tokens
+        created = min(stats.disk_written_tokens, self.prompt_tokens - cached)
+        return self.usage(cached, len(done.tokens) + stats.end_tokens, created)
 
     def _message(self, content: list, usage: dict, done: Done | None = None) -> dict[str, Any]:
         called = bool(self.answer.calls)
@@ -133,14 +142,13 @@ class MessagesRenderer:
     def closing(self, done: Done, queued_s: float) -> list[str]:
         out = self._pieces(self.answer.feed(done.tail) + self.answer.finish())
         out += self._close_block()
-        cached = self.prompt_tokens - done.stats.prefilled_tokens
         delta = {
             "type": "message_delta",
             "delta": {
                 "stop_reason": stop_reason(done, bool(self.answer.calls)),
                 "stop_sequence": stop_sequence(done, bool(self.answer.calls)),
             },
-            "usage": self.usage(cached, len(done.tokens) + done.stats.end_tokens),
+            "usage": self.final_usage(done),
             "macspec": figures(self.meta, done, queued_s),
         }
         return [
@@ -217,10 +225,8 @@ class MessagesRenderer:
                 content.append({"type": "text", "text": piece.text})
             else:
                 content.append({**self._tool_block(piece), "input": piece.call.arguments})
-        cached = self.prompt_tokens - done.stats.prefilled_tokens
-        usage = self.usage(cached, len(done.tokens) + done.stats.end_tokens)
         return {
-            **self._message(content, usage, done),
+            **self._message(content, self.final_usage(done), done),
             "macspec": figures(self.meta, done, queued_s),
         }
 

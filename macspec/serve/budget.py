@@ -79,6 +79,9 @@ def joined(first: Done, closing: list[int], second: Done) -> Done:
     stats = Stats(
         prompt_tokens=a.prompt_tokens,
         prefilled_tokens=a.prefilled_tokens,
+        disk_tokens=a.disk_tokens,
+        disk_written_bytes=a.disk_written_bytes + b.disk_written_bytes,
+        disk_written_tokens=a.disk_written_tokens,
         generated_tokens=a.generated_tokens + len(closing) + b.generated_tokens,
         steady_tokens=a.steady_tokens + len(closing) + b.generated_tokens,
         end_tokens=b.end_tokens,

@@ -116,11 +116,13 @@ class ResponseRenderer:
 
     def usage(self, done: Done) -> dict[str, Any]:
         cached = self.prompt_tokens - done.stats.prefilled_tokens
+        written = min(done.stats.disk_written_tokens, done.stats.prefilled_tokens)
         output = len(done.tokens) + done.stats.end_tokens
         reasoning = self.answer.reasoning_tokens
+        details = {"cached_tokens": cached, "cache_write_tokens": written}
         return {
             "input_tokens": self.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "input_tokens_details": details,
             "output_tokens": output,
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": self.prompt_tokens + output,

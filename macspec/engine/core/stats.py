@@ -21,6 +21,9 @@ class Stats:
     generation (set by macspec/prefix, not the engine)."""
     disk_written_bytes: int = 0
     """Bytes of new prompt-cache blocks this generation's prefill wrote to disk."""
+    disk_written_tokens: int = 0
+    """Prompt ids this generation prefilled into the target's new prompt-cache blocks (set by
+    macspec/prefix): what a later prompt sharing them reads instead of prefilling."""
     generated_tokens: int = 0
     """Ids delivered to the caller (EOS excluded)."""
     end_tokens: int = 0
@@ -125,6 +128,7 @@ class Stats:
             "cached_tokens": self.cached_tokens,
             "disk_tokens": self.disk_tokens,
             "disk_written_bytes": self.disk_written_bytes,
+            "disk_written_tokens": self.disk_written_tokens,
             "generated_tokens": self.generated_tokens,
             "end_tokens": self.end_tokens,
             "target_passes": self.target_passes,
