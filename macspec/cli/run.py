@@ -154,7 +154,7 @@ def answer(
     engine, loaded = build_engine(resolved, *drafting, **where, draft_tree=draft_tree)
     if disk is not None and not where:  # a sharded target's caches are not stored
         attach_pair(engine, resolved, disk)
-        show_prompt_cache_warnings()
+        show_warnings()
     unused = [] if raw else unused_template_options(loaded.tokenizer, system, think)
     for warning in [*loaded.warnings, *unused]:
         print(f"macspec: warning: {warning}", file=sys.stderr)
@@ -208,18 +208,19 @@ def answer(
     return 0
 
 
-def show_prompt_cache_warnings() -> None:
-    """The prompt cache's warnings (a damaged block dropped, a full disk) as macspec's own
-    warning lines on stderr."""
+def show_warnings() -> None:
+    """The prompt cache's warnings (a damaged block dropped, a full disk) and the engine's (a
+    drafter that failed and was switched off) as macspec's own warning lines on stderr."""
     import logging
 
     class Stderr(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             print(f"macspec: warning: {record.getMessage()}", file=sys.stderr)
 
-    logger = logging.getLogger("macspec.prefix")
-    if not any(type(h).__name__ == "Stderr" for h in logger.handlers):
-        logger.addHandler(Stderr(logging.WARNING))
+    for name in ("macspec.prefix", "macspec.engine"):
+        logger = logging.getLogger(name)
+        if not any(type(h).__name__ == "Stderr" for h in logger.handlers):
+            logger.addHandler(Stderr(logging.WARNING))
 
 
 class Tally:

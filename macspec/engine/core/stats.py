@@ -206,7 +206,7 @@ def summary_line(stats: Stats, finish_reason: str) -> str:
             acceptance_text(stats.draft_accepted, stats.draft_proposed)
             + (f" ({sources})" if sources else "")
         )
-    elif stats.plain_reason:
+    if stats.plain_reason:  # with guesses too: a drafter that failed was switched off
         parts.append(stats.plain_reason)
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")
