@@ -14,7 +14,7 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.errors import EXIT_INTERRUPTED, QuietExit
+from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
 
 if TYPE_CHECKING:
@@ -187,13 +187,19 @@ def answer(
     assert done is not None
     # Text held back until the end (a possible stop string, a possible tag), split too.
     ending = [done.tail] if splitter is None else [splitter.feed(done.tail), splitter.flush()]
+    cut = cut_before_complete(done, config)
+    code = 0 if cut is None else EXIT_INCOMPLETE
     try:
         if as_json:
             record = run_record(done, prompt_ids, resolved, engine)
             if splitter is not None:  # the answer and the reasoning apart (--max-tokens: both)
                 record.update(text=splitter.answer, reasoning=splitter.reasoning.rstrip("\n"))
+            if config.grammar is not None:
+                record.update(grammar_complete=cut is None, incomplete=cut)
             out.emit_line(json.dumps(record))
-            return 0
+            if cut is not None:
+                print(f"macspec: {cut}", file=sys.stderr)
+            return code
         for part in ending:
             out.write(part)
         out.close()
@@ -205,7 +211,28 @@ def answer(
     if not done.tokens and done.finish_reason == "stop":
         hint = " (--raw sends the prompt without the chat template)" if raw else ""
         print(f"macspec: the model ended its answer immediately{hint}", file=sys.stderr)
-    return 0
+    if cut is not None:
+        print(f"macspec: {cut}", file=sys.stderr)
+    return code
+
+
+GRAMMAR_NAMES = {"json_schema": "JSON schema", "json": "JSON", "regex": "regex", "lark": "grammar"}
+CUT_AT = {"length": "--max-tokens", "context": "the model's context window",
+          "stop_string": "a --stop text", "cancelled": "a cancel"}  # fmt: skip
+
+
+def cut_before_complete(done: Done, config: GenerationConfig) -> str | None:
+    """Why a constrained answer does not match its grammar, in one line; None when it does
+    (only the end of sequence that the grammar's mask allowed ends it complete)."""
+    grammar = config.grammar
+    if grammar is None or done.finish_reason == "stop":
+        return None
+    where = CUT_AT.get(done.finish_reason, done.finish_reason)
+    if done.finish_reason == "length":
+        where += f" ({config.max_tokens})"
+    name = GRAMMAR_NAMES.get(grammar.kind, grammar.kind)
+    outcome = "it is not valid JSON" if grammar.kind.startswith("json") else "it does not match"
+    return f"the answer was cut at {where} before the {name} was complete: {outcome}"
 
 
 def show_warnings() -> None:
