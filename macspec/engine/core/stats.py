@@ -70,9 +70,14 @@ class Stats:
     prefill_s: float = 0.0
     """Seconds spent prefilling the prompt."""
     draft_s: float = 0.0
-    """Seconds spent drafting."""
+    """Seconds spent drafting, in the cycles that time drafting apart only: probe cycles of a
+    priced draft length (`-k auto`: the first two and every 32nd). Other cycles wait on the
+    device once for draft and verdict together, so their drafting is inside verify_s; with a
+    fixed -k this stays 0."""
     verify_s: float = 0.0
-    """Seconds spent in target verify passes."""
+    """Seconds of the target's passes after prefill, with the drafting of cycles not timed
+    apart, summed over every cycle including the one that brought the first token: it can
+    exceed decode_s, which starts at the first token."""
 
     def add_cycle(self, cycle: Cycle) -> None:
         self.target_passes += 1
