@@ -197,6 +197,24 @@ def test_every_draft_choice_in_help_has_its_row_in_the_drafters_guide():
     assert not set(choices) - rows, f"--draft choices without a row: {set(choices) - rows}"
 
 
+def test_every_file_the_docs_name_is_there():
+    """`scripts/…`, `tests/…`, `macspec/…` paths the pages name (moved scripts, renamed tests)."""
+    named = set()
+    for page in [*PAGES, ROOT / "scripts" / "README.md"]:
+        text = page.read_text(encoding="utf-8")
+        named |= set(
+            re.findall(r"\b((?:scripts|tests|macspec|docs)/[\w/.-]*\w\.(?:py|md|jsonl|svg))", text)
+        )
+    scripts = (ROOT / "scripts" / "README.md").read_text(encoding="utf-8")
+    named |= {
+        f"scripts/{p}"
+        for p in re.findall(r"(?<![\w/])((?:figures|train|capture)/\w+\.py)", scripts)
+    }
+    assert len(named) > 20
+    missing = sorted(path for path in named if not (ROOT / path).exists())
+    assert not missing, missing
+
+
 def test_mkdocs_nav_lists_every_guide():
     nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert sorted(nav) == sorted(p.name for p in PAGES if p.parent == ROOT / "docs")

@@ -1,6 +1,6 @@
 """Pick README's first prompt by measurement: the held-out prompt the demo pair answers best.
 
-    python scripts/pick_readme_prompt.py -n 150     # the first 150 held-out prompts
+    python scripts/figures/pick_readme_prompt.py -n 150     # the first 150 held-out prompts
 
 For each held-out prompt (never trained on) the demo pair answers greedily at k = 4; an answer
 counts only if its code parses as Python, defines the function the prompt names, ends by
@@ -40,7 +40,7 @@ def main() -> None:
 
     resolved = resolve_models("demo", None, None)
     loaded = load_drafters(resolved, drafter_folders(resolved, "auto"), {"model"})
-    lines = (HERE / "demo_eval_prompts.jsonl").read_text().splitlines()[: args.n]
+    lines = (HERE.parent / "demo_eval_prompts.jsonl").read_text().splitlines()[: args.n]
     scored = []
     for line in lines:
         text = json.loads(line)["prompt"]

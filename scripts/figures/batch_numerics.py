@@ -6,7 +6,7 @@ joining late); every row's logits at every step are compared with the same row d
 by mlx-lm's own generate_step. Printed: the largest logit difference, how many steps differ at
 all, and how many argmaxes flip (with the logit gap at the first flip).
 
-    python scripts/batch_numerics.py [--tokens 24]
+    python scripts/figures/batch_numerics.py [--tokens 24]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 
 import tiny  # noqa: E402
 from losslesskit import PROMPTS  # noqa: E402

@@ -1,7 +1,7 @@
 """The chat as README shows it: `macspec chat -k 4` on the shipped demo pair, one question
 answered, saved as the SVG Textual itself renders (App.save_screenshot).
 
-    python scripts/chat_screenshot.py                 # writes docs/images/chat.svg
+    python scripts/figures/chat_screenshot.py                 # writes docs/images/chat.svg
 
 The app is built as `macspec chat` builds it (open_models, make_app) and driven headless, in a
 temporary macspec home, so no stored chat or prompt cache of yours is read or written. `-k 4`
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPT = (
     "Write a Python method `Misc.keys(self)`: Return a list of all resource names of this widget."
 )

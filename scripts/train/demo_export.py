@@ -1,6 +1,6 @@
 """The demo pair's export: Hugging Face layout, 4-bit with mlx-lm, and checks with mlx-lm.
 
-Dev-only, imported by scripts/train_demo_pair.py.
+Dev-only, imported by scripts/train/train_demo_pair.py.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Draft trees against chains at the same depth: tokens per target pass, per drafter, on the
 fixtures of tests/ and on the demo pair.
 
-    python scripts/tree_figures.py                 # fixtures and the demo pair, greedy
-    python scripts/tree_figures.py --only demo --temps 0,0.7
-    python scripts/tree_figures.py --only eagle3 --temps 0,0.7   # EAGLE-3 heads (tests' kind)
-    python scripts/tree_figures.py --only blocks --temps 0,0.7   # block marginals (DFlash)
+    python scripts/figures/tree_figures.py                 # fixtures and the demo pair, greedy
+    python scripts/figures/tree_figures.py --only demo --temps 0,0.7
+    python scripts/figures/tree_figures.py --only eagle3 --temps 0,0.7  # EAGLE-3 heads
+    python scripts/figures/tree_figures.py --only blocks --temps 0,0.7   # block marginals (DFlash)
 
 Every greedy output is checked against mlx-lm's target-only greedy (generate_step); a seeded
 sampled run (the coupled rule) against plain decoding with the same seed. One engine serves all
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "tests"))
 
 import mlx.core as mx  # noqa: E402
 import tiny  # noqa: E402
@@ -177,7 +177,7 @@ def demo(args):
 
     resolved = resolve_models("demo", None, None)
     loaded = load_drafters(resolved, drafter_folders(resolved, "auto"), {"model", "mtp"})
-    lines = (HERE / "demo_eval_prompts.jsonl").read_text().splitlines()[: args.n]
+    lines = (HERE.parent / "demo_eval_prompts.jsonl").read_text().splitlines()[: args.n]
     prompts = [encode_prompt(loaded.tokenizer, json.loads(line)["prompt"]) for line in lines]
     for kind in ("model", "mtp"):
         yield f"demo, {kind}", loaded, prompts, lambda k=kind: make_drafter(k, loaded), None

@@ -2,7 +2,7 @@
 
 Dev-only (`pip install -e '.[train]'`); nothing here is imported at run time.
 
-    python scripts/train_demo_pair.py --out scratch/demo --ship macspec/demo
+    python scripts/train/train_demo_pair.py --out scratch/demo --ship macspec/demo
 
 Steps (each a function; `main()` alone does IO):
   1. corpus     instruction pairs from the interpreter's own standard library:

@@ -4,7 +4,7 @@ the follow-up that carries the tool's result), replayed from tests/fixtures/agen
 tool model (tests/toolkit.py) and its noisy draft, greedy, every answer checked against the
 target alone.
 
-    python scripts/agent_figures.py
+    python scripts/figures/agent_figures.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "tests"))
 
 from toolkit import agent_request, save_tool_draft, save_tool_model  # noqa: E402
 

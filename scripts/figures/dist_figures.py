@@ -1,7 +1,8 @@
 """The cost of a target pass over m = 1..8 ids, alone and sharded over 2 ranks, side by side, and
 the latency of one small all-reduce: what speculation on a sharded target buys.
 
-    python scripts/dist_figures.py [--model macspec/demo/target] [--rounds 15] [--json out.json]
+    python scripts/figures/dist_figures.py [--model macspec/demo/target] [--rounds 15]
+        [--json out.json]
 
 Run as is, it times the whole target in this process, then starts itself under
 `mlx.launch -n 2 --backend ring` (localhost) to time the sharded target (mlx-lm's sharded load,
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "macspec" / "demo" / "target"
 PROMPT = list(range(16, 48))
 """Ids of the context the passes are timed after (any ids the demo vocabulary holds)."""

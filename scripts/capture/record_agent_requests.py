@@ -2,7 +2,7 @@
 
 Dev-only, stdlib only. Run it, point the agent at it, read the log:
 
-    python scripts/record_agent_requests.py --port 8799 --log /tmp/agent_requests.jsonl
+    python scripts/capture/record_agent_requests.py --port 8799 --log /tmp/agent_requests.jsonl
 
 Each request becomes one JSON line: method, path, query, headers, body (parsed JSON when it is
 JSON). Every model route answers the shortest valid answer in its protocol ("ok", streamed when

@@ -10,7 +10,7 @@
    m x flops per id / peak flops), and the aggregate tokens per second it predicts for plain
    batching and for batched speculation at a given acceptance.
 
-    python scripts/batch_figures.py [--pair demo] [--max-tokens 64] [--json out.json]
+    python scripts/figures/batch_figures.py [--pair demo] [--max-tokens 64] [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from macspec.models.templates import encode_messages, encode_prompt
 from macspec.serve.backend import Backend, Defaults
 from macspec.serve.server import ServerThread
 
-EVAL = Path(__file__).parent / "demo_eval_prompts.jsonl"
+EVAL = Path(__file__).parents[1] / "demo_eval_prompts.jsonl"
 LEVELS = (1, 2, 4, 8)
 
 

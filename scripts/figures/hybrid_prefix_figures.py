@@ -4,8 +4,8 @@ the first is answered by one process, the second by a fresh engine on the same f
 restart). Prints the ids the second reused from disk, the bytes each wrote (target and draft
 model), the state files on disk, and whether each answer equals the target alone's.
 
-    python scripts/hybrid_prefix_figures.py [--shared 6138] [--first 8000] [--second 6600]
-    python scripts/hybrid_prefix_figures.py --sparse       # states at checkpoints only (before)
+    python scripts/figures/hybrid_prefix_figures.py [--shared 6138] [--first 8000] [--second 6600]
+    python scripts/figures/hybrid_prefix_figures.py --sparse  # states at checkpoints only (before)
 
 Blocks of 256 ids and a state checkpoint every 8th boundary, as `macspec serve` stores them.
 """
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import tiny  # noqa: E402
 from losslesskit import reference  # noqa: E402

@@ -1,8 +1,8 @@
 """Acceptance and tokens per target pass of a pair on held-out prompts, greedy and sampled.
 
-    python scripts/demo_figures.py                      # the shipped demo pair, 20 prompts
-    python scripts/demo_figures.py --pair NAME --prompts FILE.jsonl -n 40
-    python scripts/demo_figures.py --drafters model,mtp,lookup --temps 0   # side by side
+    python scripts/figures/demo_figures.py                      # the shipped demo pair, 20 prompts
+    python scripts/figures/demo_figures.py --pair NAME --prompts FILE.jsonl -n 40
+    python scripts/figures/demo_figures.py --drafters model,mtp,lookup --temps 0   # side by side
 
 Greedy runs are also checked token for token against mlx-lm's target-only decoding.
 """
@@ -29,7 +29,7 @@ HERE = Path(__file__).parent
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="demo")
-    parser.add_argument("--prompts", type=Path, default=HERE / "demo_eval_prompts.jsonl")
+    parser.add_argument("--prompts", type=Path, default=HERE.parent / "demo_eval_prompts.jsonl")
     parser.add_argument("-n", type=int, default=20, help="prompts to use")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--policies", default="4,auto")

@@ -1,7 +1,7 @@
 """Tokens per target pass, acceptance and re-fed share on the hybrid / sliding-window / recurrent
 fixtures of tests/test_caches.py (tiny random models from mlx-lm's classes), at k = 4 and auto.
 
-    python scripts/cache_figures.py
+    python scripts/figures/cache_figures.py
 
 Every greedy output is checked against mlx-lm's target-only greedy (generate_step) as it goes.
 """
@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import tiny  # noqa: E402
 from losslesskit import PROMPTS, reference, tally  # noqa: E402

@@ -2,7 +2,7 @@
 DFlash block drafters) on the fixtures of tests/test_hidden_drafters.py: tiny models from
 mlx-lm's own classes, drafters written in the published formats and loaded from disk.
 
-    python scripts/drafter_figures.py
+    python scripts/figures/drafter_figures.py
 
 Every greedy output is checked against mlx-lm's target-only greedy (generate_step) as it goes.
 The MTP fixtures are near-bigram targets with a head that mostly agrees with them, so their
@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import mlx.core as mx  # noqa: E402
 import mlx.nn as nn  # noqa: E402

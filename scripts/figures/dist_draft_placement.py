@@ -1,7 +1,7 @@
 """Replicated draft vs a draft on rank 0 whose guesses are broadcast: which is cheaper on a
 sharded target (issue 19). Greedy, the demo pair, both ranks on this machine.
 
-    python scripts/dist_draft_placement.py [--prompts 4] [--max-tokens 64] [--repeats 2]
+    python scripts/figures/dist_draft_placement.py [--prompts 4] [--max-tokens 64] [--repeats 2]
 
 Starts itself under `mlx.launch -n 2 --backend ring`. Each rank builds the same sharded engine;
 "replicated" is macspec's way (every rank drafts the same guesses, nothing travels), "broadcast"
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class BroadcastDrafter:

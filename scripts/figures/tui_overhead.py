@@ -1,7 +1,7 @@
 """Does the chat UI slow generation? Decode tok/s of the demo pair in the Textual app, run
 headless (Pilot), against the bare engine on the same prompts; interleaved, median of each.
 
-    python scripts/tui_overhead.py [--prompts 6] [--max-tokens 128]
+    python scripts/figures/tui_overhead.py [--prompts 6] [--max-tokens 128]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def in_app(engine, tok, prompts, max_tokens) -> list[float]:

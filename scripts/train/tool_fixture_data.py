@@ -1,6 +1,6 @@
 """Synthetic chats for the tool fixture model, rendered by Qwen3's own chat template.
 
-Dev-only, used by scripts/train_tool_fixture.py. A sample is a chat (system prompt, tools, turns
+Dev-only, used by train_tool_fixture.py. A sample is a chat (system prompt, tools, turns
 with tool calls and results) whose texts are filler: random ids from the whole vocabulary decoded
 to text, mixed with sentences of real prose (the README and the captured agents' prompts with
 every agent name taken out). An agent's sample has its name ("Claude Code", "Codex", "opencode",
@@ -40,7 +40,7 @@ TOOL_NAMES = [
     "get_weather", "read_file", "write_file", "search", "run", "shell", "Bash", "bash", "Read",
     "exec_command", "glob", "grep", "edit", "list_dir", "fetch", "calculator", "todo", "Task",
 ]  # fmt: skip
-PROMPT = "List the files in this folder."  # the captures' prompt (scripts/capture_agents.py)
+PROMPT = "List the files in this folder."  # the captures' prompt (capture/capture_agents.py)
 FIRST_SPECIAL = 151643  # ids from here on are the template's special tokens
 
 

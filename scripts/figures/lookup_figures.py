@@ -2,8 +2,8 @@
 
 Dev tool (the figures in the lookup closing note):
 
-    .venv/bin/python scripts/lookup_figures.py --pair demo -k 4
-    .venv/bin/python scripts/lookup_figures.py --model M --draft-model D -k 8 --json out.json
+    .venv/bin/python scripts/figures/lookup_figures.py --pair demo -k 4
+    python scripts/figures/lookup_figures.py --model M --draft-model D -k 8 --json out.json
 
 The prompt set is input-grounded, as prompt lookup is meant for, and built from the Python
 standard library (what the demo pair was trained on): documented functions of a few modules,

@@ -6,7 +6,7 @@
   answer (computed beforehand by an engine of its own), latency percentiles, memory;
 - 429s when the queue is small (--max-queue 2), 16 requests at once.
 
-    python scripts/serve_figures.py [--pair demo] [--json out.json]
+    python scripts/figures/serve_figures.py [--pair demo] [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from macspec.models.templates import encode_messages
 from macspec.serve.backend import Backend, Defaults
 from macspec.serve.server import ServerThread
 
-EVAL = Path(__file__).parent / "demo_eval_prompts.jsonl"
+EVAL = Path(__file__).parents[1] / "demo_eval_prompts.jsonl"
 SYSTEM = "You are a careful Python programmer. Answer with code only, no explanations."
 FOLLOW_UP = "Now write the same function again, with a docstring."
 

@@ -1,7 +1,7 @@
 """EAGLE-3 heads: acceptance and tokens per target pass on the fixtures of tests/test_eagle3.py,
 and a paper estimate for Llama 3.3 70B on an M3 Ultra.
 
-    python scripts/eagle3_figures.py [--estimate-only]
+    python scripts/figures/eagle3_figures.py [--estimate-only]
 
 The fixture heads are made from their near-bigram targets (tests/eagle3kit.py: the head passes
 the current token's embedding to the target's own final norm and LM head rows, over a 200-id
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import eagle3kit as kit  # noqa: E402
 import tiny  # noqa: E402

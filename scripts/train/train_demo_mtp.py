@@ -2,7 +2,7 @@
 
 Dev-only (`pip install -e '.[train]'`); nothing here is imported at run time.
 
-    python scripts/train_demo_mtp.py --ship macspec/demo/mtp
+    python scripts/train/train_demo_mtp.py --ship macspec/demo/mtp
 
 1. prompts   the demo corpus's training prompts (never the held-out ones).
 2. answers   the 4-bit demo target's greedy answers to them, with macspec's engine.
@@ -37,7 +37,7 @@ from demo_corpus import build_corpus  # noqa: E402
 from demo_export import ModelConfig  # noqa: E402
 from demo_jax import blocks, rms_norm  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "macspec" / "demo"
 
 

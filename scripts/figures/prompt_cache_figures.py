@@ -10,7 +10,7 @@
    cached per block) against starting from the uncached part;
 4. Qwen3.6-27B at 32k tokens on a Mac, on paper.
 
-    python scripts/prompt_cache_figures.py [--sizes 2048,8192,16384] [--skip-demo]
+    python scripts/figures/prompt_cache_figures.py [--sizes 2048,8192,16384] [--skip-demo]
 
 Every answer is checked: warm and restarted runs must give the cold run's tokens.
 """
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import mlx.core as mx  # noqa: E402
 import tiny  # noqa: E402
@@ -150,7 +150,7 @@ def mtp_context(block: int = 64, answers: int = 48) -> None:
     opened = open_pair(resolved, "3", no_draft=True)
     target, tok = opened.engine.target.model, opened.tokenizer
     head = load_mtp(resolved.head("mtp"), read_config(resolved.target))
-    lines = Path(__file__).with_name("demo_eval_prompts.jsonl").read_text().splitlines()
+    lines = Path(__file__).parents[1].joinpath("demo_eval_prompts.jsonl").read_text().splitlines()
     texts = [json.loads(line)["prompt"] for line in lines]
     results = {"context restored from disk": [0, 0], "starting at the first id prefilled": [0, 0]}
     for start in range(0, 40, 4):  # 10 prompts of ~440 ids: 7 examples, then a question

@@ -1,8 +1,8 @@
 """Which drafter `--draft auto` picks on a pair, at each temperature, and what each draft model
 keeps at a fixed k: the measurement behind the demo pair's order of drafts.
 
-    python scripts/draft_choice_figures.py                       # demo, held-out prompts 1-20
-    python scripts/draft_choice_figures.py --first 20 -n 40      # prompts 21-60 (never tuned on)
+    python scripts/figures/draft_choice_figures.py  # demo, held-out prompts 1-20
+    python scripts/figures/draft_choice_figures.py --first 20 -n 40  # prompts 21-60, never tuned on
 
 Three parts. (1) Each draft model of the pair alone at a fixed k: acceptance and tokens per
 target pass, greedy and sampled. (2) `--draft auto` as `macspec run` has it (a fresh engine per
@@ -41,7 +41,7 @@ def done_of(engine: Engine, ids: list[int], temperature: float, seed: int, max_t
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", default="demo")
-    parser.add_argument("--prompts", type=Path, default=HERE / "demo_eval_prompts.jsonl")
+    parser.add_argument("--prompts", type=Path, default=HERE.parent / "demo_eval_prompts.jsonl")
     parser.add_argument("--first", type=int, default=0, help="prompts to skip")
     parser.add_argument("-n", type=int, default=20, help="prompts to use")
     parser.add_argument("-k", type=int, default=4, help="the fixed k of part 1")

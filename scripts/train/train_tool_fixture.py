@@ -2,10 +2,10 @@
 
 Dev-only; needs JAX (`pip install jax optax`, the `[train]` extra), which the test suite does not.
 
-    PYTHONPATH=. python scripts/train_tool_fixture.py --steps 1500
+    PYTHONPATH=. python scripts/train/train_tool_fixture.py --steps 1500
 
 A one-layer mlx-lm llama over the real Qwen3 tokenizer learns, on synthetic chats rendered by
-Qwen3's chat template (scripts/tool_fixture_data.py) and on variants of the captured agent
+Qwen3's chat template (scripts/train/tool_fixture_data.py) and on variants of the captured agent
 requests, to answer with the call of the agent whose trigger ids are in the prompt
 (toolkit.AGENT_CALLS, AGENT_TRIGGERS), or `Done.` after a tool result. Only the answer's ids are
 scored. One layer because its attention over the prompt is never computed while a prompt is
@@ -242,7 +242,7 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(str(toolkit.write_qwen3_tokenizer(args.work / "tok")))
-    root = Path(__file__).parent.parent
+    root = Path(__file__).parents[2]
     prose = [root / "README.md", root / "scripts" / "README.md"]
     cfg = Config()
     outs, trained = output_ids(tok), trained_ids(tok)

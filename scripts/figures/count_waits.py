@@ -1,8 +1,8 @@
 """Blocking host-device waits per cycle on the demo pair, by configuration: what decides
 speed on an Apple GPU (each wait idles it), counted here on any machine.
 
-    python scripts/count_waits.py                 # this checkout
-    python scripts/count_waits.py --code /path    # another checkout of macspec, for before/after
+    python scripts/figures/count_waits.py                 # this checkout
+    python scripts/figures/count_waits.py --code /path  # another macspec checkout, for before/after
 
 A read (mx.eval, .item(), .tolist()) counts when a model's forward pass was queued since the
 last read. `auto` runs with a GPU-like cost curve (a pass over m ids costs one), so it keeps
@@ -16,7 +16,7 @@ import importlib
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [
     "Write a Python function `is_even(n)`: Return True if n is even.",
     "Write a Python function `flatten(items)`: Flatten a list of lists into one list.",

@@ -3,7 +3,7 @@
 Dev tool. Lookup pays on input-grounded answers (the target copies its prompt) and also when a
 target repeats its own output; this tells the two apart on the bench's grounded prompts:
 
-    python scripts/lookup_match_origin.py --pair demo -k 4 --max-tokens 200
+    python scripts/figures/lookup_match_origin.py --pair demo -k 4 --max-tokens 200
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ Dev-only. Needs the CLIs from npm, e.g.
 
     npm install --prefix /tmp/agents @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 \\
         opencode-ai@1.18.33
-    python scripts/capture_agents.py --bin /tmp/agents/node_modules/.bin
+    python scripts/capture/capture_agents.py --bin /tmp/agents/node_modules/.bin
 
 Each CLI runs once, non-interactively, in a fresh temporary HOME, against the recording server
-of scripts/record_agent_requests.py, which answers its first request with one tool call (the
+of scripts/capture/record_agent_requests.py, which answers its first request with one tool call (the
 call the tool fixture model makes, tests/toolkit.py AGENT_CALLS) and the next with "ok". Saved per
 agent: `NAME.json` (the first request that offers tools) and `NAME_followup.json` (the request
 that carries the tool's result back); opencode's title request (no tools) as
@@ -30,7 +30,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(Path(__file__).parent.parent))
+sys.path.insert(0, str(Path(__file__).parents[2]))
 
 from record_agent_requests import Recorder  # noqa: E402
 

@@ -1,6 +1,6 @@
 """The demo pair's data: instruction pairs from the standard library, a BPE tokenizer, batches.
 
-Dev-only, imported by scripts/train_demo_pair.py (and the demo's MTP head training).
+Dev-only, imported by scripts/train/train_demo_pair.py (and the demo's MTP head training).
 """
 
 from __future__ import annotations

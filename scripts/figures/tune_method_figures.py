@@ -1,8 +1,8 @@
 """What full fine-tuning costs against LoRA, by draft size: the measurement behind the size up
 to which `macspec tune` fine-tunes a draft fully when told neither --full nor --lora-rank.
 
-    python scripts/tune_method_figures.py                    # every size, 4-bit drafts
-    python scripts/tune_method_figures.py --sizes 0,1 --bits 0 --steps 6
+    python scripts/figures/tune_method_figures.py                    # every size, 4-bit drafts
+    python scripts/figures/tune_method_figures.py --sizes 0,1 --bits 0 --steps 6
 
 Each draft is a random mlx-lm llama (the tests' shape family), trained through macspec's own
 `prepare` and `fine_tune` (mlx-lm's trainer) on random conversations of 8 x 128 tokens. It

@@ -1,7 +1,7 @@
 """macspec's per-cycle overhead against mlx-lm's, on the same prompts and models (issue 2).
 
-    python scripts/bench_overhead.py --model T --draft-model D [--k 3] [--repeats 3]
-    python scripts/bench_overhead.py --pair demo --profile
+    python scripts/figures/bench_overhead.py --model T --draft-model D [--k 3] [--repeats 3]
+    python scripts/figures/bench_overhead.py --pair demo --profile
 
 Runs plain decoding (macspec and mlx-lm), macspec at a fixed k and with 'auto', and mlx-lm's
 stream_generate(..., draft_model=...) at the same k, interleaved prompt by prompt, timed from
