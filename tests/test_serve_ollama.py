@@ -202,6 +202,14 @@ def test_ollama_errors(server):
         reply = httpx.post(base + "/api/chat", json=body, headers=headers)
         assert reply.status_code == 400 and says in reply.json()["error"], reply.text
     with pytest.raises(ollama.ResponseError) as error:
+        api(server).generate(model="demo", prompt="def add(a, b):", suffix="    return c")
+    assert error.value.status_code == 400 and "does not support insert" in error.value.error
+    with pytest.raises(ollama.ResponseError) as error:
+        api(server).chat(model="demo", messages=ASK, think=True)
+    assert (
+        error.value.status_code == 400 and error.value.error == '"demo" does not support thinking'
+    )
+    with pytest.raises(ollama.ResponseError) as error:
         api(server).pull("llama3.2")
     assert error.value.status_code == 501 and "macspec pull" in error.value.error
     with pytest.raises(ollama.ResponseError) as error:

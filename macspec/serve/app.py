@@ -3,9 +3,9 @@ completions here, the Responses API in responses.py, Anthropic's Messages API in
 Ollama's /api/* in ollama.py).
 
 Every error a client can cause is a JSON body with its status, in the shape of the protocol the
-request spoke (OpenAI's, Anthropic's on /v1/messages, Ollama's on /api/*); anything else is a 500 with a
-generic message (the traceback goes to the log, never to the client), and the server goes on
-serving. One log line per request: status, tokens, tok/s, acceptance by drafter, tool calls.
+request spoke (OpenAI's, Anthropic's on /v1/messages, Ollama's on /api/*); anything else is a
+500 with a generic message (the traceback goes to the log, never to the client), and the server
+goes on serving. One log line per request: status, tokens, tok/s, acceptance by drafter, tool calls.
 """
 
 from __future__ import annotations

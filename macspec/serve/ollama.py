@@ -195,6 +195,8 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
         if empty:
             log_line(request, 200, "nothing to generate: the model is loaded")
             return loaded(body.model, chat, body.unloads())
+        if body.think and not served.can_think:
+            raise APIError(400, f'"{body.model}" does not support thinking', "think")
         prepared = await run_in_threadpool(prepare)
         meta = new_meta(
             "ollama", backend.model_id, len(prepared.prompt), draft=backend.draft, k=backend.k
@@ -214,6 +216,8 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
 
         def prepare() -> Prepared:
             turn = body.to_turn()
+            if body.suffix:  # the model's own fill-in-the-middle format, not its chat template
+                return backend.prepare_text(served.insert_prompt(body.prompt, body.suffix), turn)
             if body.raw or not has_chat_template(backend.tokenizer):
                 return backend.prepare_text(body.prompt, turn)  # Ollama's {{ .Prompt }}
             return backend.prepare_turn(turn)

@@ -11,11 +11,19 @@ from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
 
+from macspec.models.reasoning import has_think_tags
+from macspec.models.tools import HARMONY
 from macspec.serve.backend import Backend
 from macspec.serve.errors import APIError
 
 STARTED = datetime.now(timezone.utc)
 """When the server loaded its model: what `modified_at` says."""
+FIM_TOKENS = (
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # Qwen2.5-Coder, Qwen3
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),  # StarCoder, SmolLM
+    ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),  # DeepSeek-Coder
+)
+"""Fill-in-the-middle tokens, prefix-suffix-middle order, by model family."""
 FOREVER = "2318-08-20T00:00:00Z"
 """`expires_at` of a model kept loaded (what Ollama says for keep_alive -1)."""
 
@@ -168,10 +176,48 @@ class ServedModel:
                     break
         return info
 
+    @cached_property
+    def can_think(self) -> bool:
+        """Whether the model reasons apart (think tags, gpt-oss's channels) or its template
+        switches thinking."""
+        tokenizer = self.backend.tokenizer
+        template = getattr(tokenizer, "chat_template", None)
+        switch = isinstance(template, str) and "enable_thinking" in template
+        return switch or has_think_tags(tokenizer) or self.backend.tool_format is HARMONY
+
+    @cached_property
+    def fill_in_the_middle(self) -> tuple[str, str, str] | None:
+        """The model's (prefix, suffix, middle) tokens, when its tokenizer has them."""
+        tokenizer = self.backend.tokenizer
+        for tokens in FIM_TOKENS:
+            try:
+                if all(len(tokenizer.encode(t, add_special_tokens=False)) == 1 for t in tokens):
+                    return tokens
+            except Exception:  # a tokenizer that cannot say has no such tokens
+                return None
+        return None
+
+    def insert_prompt(self, prompt: str, suffix: str) -> str:
+        """Ollama's `suffix`: the prompt to fill in between `prompt` and `suffix`; a 400 for a
+        model without a fill-in-the-middle format."""
+        if self.fill_in_the_middle is None:
+            raise APIError(
+                400,
+                f'"{self.backend.model_id}" does not support insert: its tokenizer has no '
+                "fill-in-the-middle tokens; send the request without suffix",
+                "suffix",
+            )
+        before, after, middle = self.fill_in_the_middle
+        return f"{before}{prompt}{after}{suffix}{middle}"
+
     def capabilities(self) -> list[str]:
         caps = ["completion"]
         if self.backend.tool_format is not None:
             caps.append("tools")
+        if self.fill_in_the_middle is not None:
+            caps.append("insert")
+        if self.can_think:
+            caps.append("thinking")
         return caps
 
     def parameters(self) -> str:

@@ -101,10 +101,14 @@ class Request(BaseModel):
         return self.keep_alive in (0, "0", "0s", "0m")
 
     def settings(self) -> dict[str, Any]:
-        """The ChatTurn fields the options, format and images give."""
+        """The ChatTurn fields the options, format and think give."""
         if self.logprobs:
             log_once("ollama: logprobs are not returned (not implemented)")
-        return {**options(self.options), "grammar": answer_format(self.format)}
+        return {
+            **options(self.options),
+            "grammar": answer_format(self.format),
+            "template_args": think_args(self.think),
+        }
 
 
 class ChatRequest(Request):
@@ -117,8 +121,14 @@ class ChatRequest(Request):
         for i, message in enumerate(self.messages):
             if message.images:
                 raise APIError(400, IMAGES, f"messages.{i}.images")
+        tools = self.tools or []
+        for i, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, dict) else None
+            if not isinstance(function, dict) or not function.get("name"):
+                raise APIError(400, f"tools.{i}: a tool needs a function with a name", "tools")
         return ChatTurn(
             messages=[m.to_template() for m in self.messages],
+            tools=[{**t, "type": t.get("type") or "function"} for t in tools],
             grammar_param="format",
             **self.settings(),
         )
@@ -151,6 +161,26 @@ class GenerateRequest(Request):
         return ChatTurn(
             messages=messages, field_prefix="prompt", grammar_param="format", **self.settings()
         )
+
+
+THINK_LEVELS = ("low", "medium", "high", "max")
+
+
+def think_args(think: bool | str | None) -> dict[str, Any]:
+    """`think` as chat-template arguments: true/false switch thinking (Qwen3's
+    enable_thinking); a level also sets gpt-oss's reasoning_effort ('max' is its 'high')."""
+    if think is None:
+        return {}
+    if isinstance(think, bool):
+        return {"enable_thinking": think}
+    if think not in THINK_LEVELS:
+        raise APIError(
+            400,
+            f"invalid think value: {json.dumps(think)} (true, false, or one of "
+            f"{', '.join(THINK_LEVELS)})",
+            "think",
+        )
+    return {"enable_thinking": True, "reasoning_effort": "high" if think == "max" else think}
 
 
 def answer_format(value: Any) -> Grammar | None:
