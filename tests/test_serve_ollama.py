@@ -213,6 +213,9 @@ def test_ollama_errors(server):
         api(server).pull("llama3.2")
     assert error.value.status_code == 501 and "macspec pull" in error.value.error
     with pytest.raises(ollama.ResponseError) as error:
+        api(server).embed(model="demo", input="hello")
+    assert error.value.status_code == 501 and "embeddings are not served" in error.value.error
+    with pytest.raises(ollama.ResponseError) as error:
         api(server).delete("demo")
     assert error.value.status_code == 501 and "macspec rm" in error.value.error
     unkeyed = ollama.Client(host=server.base_url.removesuffix("/v1"))

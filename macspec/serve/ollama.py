@@ -41,6 +41,8 @@ NOT_HERE = {
     "create": "macspec serves models as they lie: `macspec serve --model PATH|REPO|ollama:NAME`",
     "copy": "macspec reads models where they lie and never copies them",
     "delete": "remove a downloaded model with `macspec rm NAME`",
+    "embed": "macspec serves a generation model; embeddings are not served",
+    "embeddings": "macspec serves a generation model; embeddings are not served",
 }
 
 
@@ -261,7 +263,7 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
         log_line(request, 501, message)
         return JSONResponse({"error": message}, status_code=501)
 
-    for action in ("pull", "push", "create", "copy"):
+    for action in ("pull", "push", "create", "copy", "embed", "embeddings"):
         app.add_api_route(f"/api/{action}", not_here, methods=["POST"], dependencies=guarded)
     app.add_api_route("/api/delete", not_here, methods=["DELETE"], dependencies=guarded)
 
