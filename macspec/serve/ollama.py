@@ -29,9 +29,10 @@ from macspec.serve.backend import Backend, Prepared
 from macspec.serve.bodies import parse
 from macspec.serve.errors import APIError
 from macspec.serve.jobs import answer, log_line
+from macspec.serve.notes import log_once
 from macspec.serve.ollama_models import ServedModel, elapsed_ns, nanoseconds, now
 from macspec.serve.ollama_schema import ChatRequest, GenerateRequest
-from macspec.serve.render import figures, finished, new_meta
+from macspec.serve.render import Meta, figures, finished, new_meta
 
 VERSION = "0.33.0"
 """The Ollama version whose API this mirrors (clients gate features on it)."""
@@ -76,7 +77,7 @@ class OllamaRenderer:
     media_type = "application/x-ndjson"
 
     def __init__(
-        self, model: str, chat: bool, prepared: Prepared, started: float, meta, context: bool
+        self, model: str, chat: bool, prepared: Prepared, started: float, meta: Meta, context: bool
     ):
         self.model = model
         self.chat = chat
@@ -221,6 +222,8 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
             if body.suffix:  # the model's own fill-in-the-middle format, not its chat template
                 return backend.prepare_text(served.insert_prompt(body.prompt, body.suffix), turn)
             if body.raw or not has_chat_template(backend.tokenizer):
+                if body.system and not body.raw:
+                    log_once("ollama: the model has no chat template: 'system' is not used")
                 return backend.prepare_text(body.prompt, turn)  # Ollama's {{ .Prompt }}
             return backend.prepare_turn(turn)
 
