@@ -68,9 +68,9 @@ ONE_LINE = {
     "binary stdin": (["run", "-", "--model", "{model}"], b"\xff\xfe\x00\x01", "stdin is not UTF-8"),
     "NUL bytes on stdin": (["run", "-", "--model", "{model}"], b"a\x00b", "binary data"),
     # Seeds: checked before anything loads (the model folder does not even exist).
-    "seed -1": (["run", "hi", "--model", "/nowhere", "--seed", "-1"], None, "--seed"),
+    "seed -2": (["run", "hi", "--model", "/nowhere", "--seed", "-2"], None, "--seed"),
     "seed 2^64": (["run", "hi", "--model", "/nowhere", "--seed", str(2**64)], None, "--seed"),
-    "chat seed -1": (["chat", "--model", "/nowhere", "--seed", "-1"], None, "--seed"),
+    "chat seed -2": (["chat", "--model", "/nowhere", "--seed", "-2"], None, "--seed"),
     "bench seed 2^64": (["bench", "--model", "/x", "--seed", str(2**64)], None, "--seed"),
     "empty stop": (["run", "hi", "--model", "{model}", "--stop", ""], None, "--stop"),
     "chat empty stop": (["chat", "--model", "{model}", "--stop", ""], None, "--stop"),

@@ -204,6 +204,10 @@ def test_sampled_runs_repeat_with_a_seed(capsys, monkeypatch, folders):
     first = json.loads(invoke(capsys, monkeypatch, *args)[1])
     second = json.loads(invoke(capsys, monkeypatch, *args)[1])
     assert first["tokens"] == second["tokens"]
+    # --seed -1, as the APIs take it: a fresh seed each time, as with no --seed.
+    unseeded = args[:-4] + ["-1", "--max-tokens", "16", "--json"]
+    runs = [json.loads(invoke(capsys, monkeypatch, *unseeded)[1])["tokens"] for _ in range(3)]
+    assert len({tuple(r) for r in runs}) > 1
 
 
 BAD_INPUTS = {

@@ -72,11 +72,18 @@ def bench(
     max_tokens: Annotated[
         int | None,
         typer.Option(
-            "--max-tokens", help="Most tokens per answer [default: 128, 32 with --quick]."
+            "--max-tokens",
+            help="Most tokens per answer [default: 128, 32 with --quick: a benchmark times many "
+            "answers, so they are shorter than run's, chat's and serve's 512].",
         ),
     ] = None,
     temp: Annotated[
-        float, typer.Option("--temp", help="The sampling temperature (T=0 always runs too).")
+        float,
+        typer.Option(
+            "--temp",
+            help="The sampling temperature of the sampled runs; greedy (T=0, the other commands' "
+            "default) always runs too, so the bench measures both.",
+        ),
     ] = 0.7,
     top_p: opt.TopP = 1.0,
     draft: Annotated[

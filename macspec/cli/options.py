@@ -30,13 +30,20 @@ Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is 
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1 = off).")]
 TopK = Annotated[int, typer.Option("--top-k", help="Sample among the k likeliest (0 = off).")]
 MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the top one.")]
+DEFAULT_MAX_TOKENS = 512
+"""Tokens per answer when the user does not say: one figure for run, chat and serve (an answer
+still ends at the model's context window, 'context'). bench alone differs: it times many short
+answers (its help says so)."""
 MaxTokens = Annotated[int, typer.Option("--max-tokens", help="Most tokens to generate.")]
 MAX_SEED = 2**64 - 1
 """Seeds are unsigned 64-bit integers (MLX's random keys)."""
 Seed = Annotated[
     int | None,
     typer.Option(
-        "--seed", min=0, max=MAX_SEED, help="Seed for reproducible sampling (0 to 2^64-1)."
+        "--seed",
+        min=-1,
+        max=MAX_SEED,
+        help="Seed for reproducible sampling; -1 (as the APIs take it) is a fresh one each time.",
     ),
 ]
 NumDraftTokens = Annotated[
@@ -70,7 +77,8 @@ DraftSource = Annotated[
         "this model before, this request included), 'hybrid' (lookup or the draft model), "
         "'mtp' (the target's MTP head), 'dflash' (a DFlash block drafter), 'eagle3' (an "
         "EAGLE-3 head) or 'auto' (each cycle, the drafter that promises the most tokens per "
-        "second) [default: the draft folder's kind, else lookup].",
+        "second) [default: the draft folder's kind, else lookup; serve's is auto, since an "
+        "agent's requests repeat what came before].",
     ),
 ]
 ServeDraftSource = Annotated[
@@ -80,7 +88,8 @@ ServeDraftSource = Annotated[
         help="Where guesses come from: 'model', 'lookup', 'suffix', 'hybrid', 'mtp', 'dflash', "
         "'eagle3' (as for run) or 'auto' (each cycle, the drafter that promises the most tokens "
         "per second: lookup over the whole conversation and suffix over every earlier request, "
-        "beside the pair's drafters) [default: auto].",
+        "beside the pair's drafters) [default: auto; run and chat take the draft folder's kind, "
+        "one answer having no earlier requests to match].",
     ),
 ]
 Stop = Annotated[
@@ -268,6 +277,7 @@ def generation_config(
     from macspec.engine.core.config import GenerationConfig
     from macspec.engine.core.sampling import SamplingParams, choose_sampler
 
+    seed = seed if seed is None or seed >= 0 else None  # -1: unseeded, as the APIs take it
     config = GenerationConfig(
         max_tokens=max_tokens,
         sampling=SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p),

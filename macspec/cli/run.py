@@ -60,7 +60,7 @@ def run(
     top_p: opt.TopP = 1.0,
     top_k: opt.TopK = 0,
     min_p: opt.MinP = 0.0,
-    max_tokens: opt.MaxTokens = 256,
+    max_tokens: opt.MaxTokens = opt.DEFAULT_MAX_TOKENS,
     seed: opt.Seed = None,
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,

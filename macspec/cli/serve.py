@@ -69,7 +69,7 @@ def serve(
     min_p: opt.MinP = 0.0,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", help="Tokens per answer when a request does not say.")
-    ] = 512,
+    ] = opt.DEFAULT_MAX_TOKENS,
     num_draft_tokens: opt.NumDraftTokens = None,
     no_draft: opt.NoDraft = False,
     draft: opt.ServeDraftSource = None,
