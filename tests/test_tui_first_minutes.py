@@ -130,3 +130,27 @@ def test_the_live_rate_shows_mid_answer_as_the_engine_counts_it(tok):
             assert figures.decode_tokens_per_s is not None and not figures.finished
             assert "– tok/s" not in figures_line(figures)
     assert live._stats.steady_tokens == done.stats.steady_tokens
+
+
+def test_a_finished_drafted_answer_shows_its_draft_length_not_plain():
+    """The status bar after an answer whose last steps were plain (no room left to guess):
+    'k 3', the length it drafted at, not 'plain'; 'plain' only when it never guessed."""
+    from macspec.engine.core.events import Cycle, Done
+    from macspec.engine.core.stats import Stats
+    from tui.live import LiveFigures, figures_line
+
+    def cycle(requested: int, proposed: int) -> Cycle:
+        return Cycle(requested=requested, proposed=proposed, accepted=proposed, draft_s=0.0,
+                     verify_s=0.0, overhead_s=0.0, draft_steps=proposed, draft_fed=proposed,
+                     fed=proposed + 1, refed=0)  # fmt: skip
+
+    def finished(cycles: list[Cycle]) -> str:
+        live = LiveFigures()
+        for event in cycles:
+            live.add(event)
+        live.add(Done(finish_reason="length", text="", tail="", tokens=[], sources=[],
+                      stats=Stats()))  # fmt: skip
+        return figures_line(live.figures())
+
+    assert "k 3" in finished([cycle(3, 3), cycle(3, 3), cycle(0, 0)])
+    assert "plain" in finished([cycle(0, 0), cycle(0, 0)])

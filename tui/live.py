@@ -53,12 +53,14 @@ class LiveFigures:
         self._first_pass = 0  # the target pass that brought the first token
         self._history: list[float] = []
         self._draft_length: int | None = None
+        self._drafted_length = 0  # the latest draft length that asked for guesses
         self._done: Done | None = None
 
     def add(self, event: object) -> None:
         if isinstance(event, Cycle):
             self._stats.add_cycle(event)
             self._draft_length = event.requested
+            self._drafted_length = event.requested or self._drafted_length
             if event.proposed:
                 self._history.append(event.accepted / event.proposed)
         elif isinstance(event, Token):
@@ -87,7 +89,9 @@ class LiveFigures:
             acceptance_rate=stats.acceptance_rate,
             proposed=stats.draft_proposed,
             tokens_per_pass=stats.tokens_per_pass,
-            draft_length=self._draft_length,
+            # A finished answer shows the draft length it guessed at, not its last step's: an
+            # answer's final steps are often plain (no room left to guess) though it drafted.
+            draft_length=self._drafted_length if done is not None else self._draft_length,
             ttft_s=stats.ttft_s if started else None,
             sources=sources_line(stats.by_source),
             acceptance_history=tuple(self._history),
