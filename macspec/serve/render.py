@@ -51,10 +51,14 @@ def sse(payload: dict[str, Any] | str) -> str:
 
 def finish_reason(done: Done, called: bool = False) -> str:
     """OpenAI's finish reason: 'length' at max_tokens or the context window (as OpenAI's API
-    says both), 'tool_calls' when the answer called tools, 'stop' at EOS or a stop string.
+    says both), 'tool_calls' when the answer called tools, 'stop' at EOS or a stop string, and
+    'cancelled' (as vLLM says 'abort': no OpenAI value fits) when the server ended the answer
+    itself, at a shutdown that would not wait: a client must not take it for a whole answer.
     The `macspec` object tells 'length' and 'context' apart."""
     if done.finish_reason in ("length", "context"):
         return "length"
+    if done.finish_reason == "cancelled":
+        return "cancelled"
     return "tool_calls" if called else "stop"
 
 

@@ -151,11 +151,13 @@ class ResponseRenderer:
     def closing(self, done: Done, queued_s: float) -> list[str]:
         out = self._pieces(self.answer.feed(done.tail) + self.answer.finish())
         status = status_of(done)
-        out += self._close(status)
+        # A cancelled answer's message is cut ('incomplete'); no stream event says cancelled.
+        cut = "incomplete" if status == "cancelled" else status
+        out += self._close(cut)
         final = self.response(status, done)
         final["macspec"] = figures(self.meta, done, queued_s)
         self._kept()
-        return [*out, self._event(f"response.{status}", response=final)]
+        return [*out, self._event(f"response.{cut}", response=final)]
 
     def keepalive(self) -> str:
         return ": keep-alive\n\n"
@@ -302,7 +304,7 @@ class ResponseRenderer:
                 {
                     "type": "message",
                     "id": new_id("msg"),
-                    "status": status_of(done),
+                    "status": "incomplete" if status_of(done) == "cancelled" else status_of(done),
                     "role": "assistant",
                     "content": [part],
                 }
@@ -319,6 +321,10 @@ class ResponseRenderer:
 
 
 def status_of(done: Done) -> str:
+    """The Responses API's status: 'cancelled' (one of its own) when the server ended the
+    answer itself, 'incomplete' at the token limit, else 'completed'."""
+    if done.finish_reason == "cancelled":
+        return "cancelled"
     return "incomplete" if done.finish_reason in ("length", "context") else "completed"
 
 
