@@ -152,7 +152,7 @@ def rows_of(tensor: Tensor, limit: int) -> tuple[np.ndarray, tuple[int, ...]]:
 @pytest.mark.parametrize("qtype", sorted(kquants.EXACT, key=int), ids=lambda q: q.name)
 def test_exact_types_equal_gguf_on_random_blocks(qtype, monkeypatch):
     # small chunks: the conversion runs over several chunks of blocks, as on a big tensor
-    monkeypatch.setattr(kquants, "CHUNK_BLOCKS", 7)
+    monkeypatch.setattr(kquants, "CHUNK_VALUES", 7 * 256)
     raw = random_blocks(qtype, rows=24, cols=512, seed=int(qtype))
     converted = kquants.convert(qtype, raw, (24, 512))
 
@@ -258,7 +258,7 @@ def test_short_data_is_one_clean_error():
 
 @pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q5_0, Q.Q6_K], ids=lambda q: q.name)
 def test_damaged_block_is_one_clean_error(qtype, monkeypatch):
-    monkeypatch.setattr(kquants, "CHUNK_BLOCKS", 4)
+    monkeypatch.setattr(kquants, "CHUNK_VALUES", 128)
     raw = random_blocks(qtype, rows=8, cols=512, seed=1)
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     blocks = raw.reshape(-1, type_size)

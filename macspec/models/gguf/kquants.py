@@ -35,9 +35,9 @@ Q = GGMLQuantizationType
 GROUP_SIZE = 32
 """MLX group size of every converted tensor (the sub-block size the exact types share)."""
 
-CHUNK_BLOCKS = 1 << 16
-"""Blocks converted per step: bounds the temporaries (uint64 packing, float dequantization) to a
-few MB whatever the tensor's size."""
+CHUNK_VALUES = 1 << 18
+"""Values converted per step: keeps the temporaries (unpacked values, float dequantization) in
+a few MB, near the CPU's caches, whatever the tensor's size (measured: 4x faster than 64 MB)."""
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -215,8 +215,9 @@ def _exact(
     packed = np.empty((len(blocks), block_size * bits // 8), np.uint8)
     scales = np.empty((len(blocks), groups_per_block), np.float32)
     biases = np.empty_like(scales)
-    for start in range(0, len(blocks), CHUNK_BLOCKS):
-        stop = start + CHUNK_BLOCKS
+    chunk = max(1, CHUNK_VALUES // block_size)
+    for start in range(0, len(blocks), chunk):
+        stop = start + chunk
         packed[start:stop], scales[start:stop], biases[start:stop] = unpack(blocks[start:stop])
         finite = np.isfinite(scales[start:stop]) & np.isfinite(biases[start:stop])
         if not finite.all():
@@ -234,13 +235,14 @@ def _float_chunks(blocks: np.ndarray, qtype: Q, cols: int, name: str) -> Iterato
     block_size = GGML_QUANT_SIZES[qtype][0]
     blocks_per_row = cols // block_size
     rows = blocks.reshape(-1, blocks_per_row * blocks.shape[-1])
-    chunk_rows = max(1, CHUNK_BLOCKS // blocks_per_row)
+    chunk_rows = max(1, CHUNK_VALUES // cols)
     for start in range(0, len(rows), chunk_rows):
         # one call per chunk: gguf's array entry point splits it further, 16 rows at a time
         values = quants.dequantize(rows[start : start + chunk_rows], qtype)
-        finite = np.isfinite(values)
-        if not finite.all():
-            raise _damaged(name, qtype, finite.reshape(-1, block_size), start * blocks_per_row)
+        # two reductions, no temporary: a nan or inf anywhere makes one of them non-finite
+        if not (np.isfinite(values.min()) and np.isfinite(values.max())):
+            finite = np.isfinite(values).reshape(-1, block_size)
+            raise _damaged(name, qtype, finite, start * blocks_per_row)
         yield values
 
 
@@ -261,7 +263,7 @@ def _dequantized(
         }
     halves, done = np.empty((rows, cols), np.float16), 0
     for values in _float_chunks(blocks, qtype, cols, name):
-        if np.abs(values).max() > FLOAT16_MAX:
+        if max(-values.min(), values.max()) > FLOAT16_MAX:
             floats = np.concatenate(list(_float_chunks(blocks, qtype, cols, name)))
             return {"weight": mx.array(floats.reshape(shape))}
         halves[done : done + len(values)] = values
