@@ -8,6 +8,7 @@ import shutil
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
@@ -39,17 +40,19 @@ class Tensor:
     """The raw bytes, [rows, bytes per row], as gguf.GGUFReader maps them."""
 
 
-SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?"}
+SCALARS.update({10: "<Q", 11: "<q", 12: "<d"})
 STRING, ARRAY = 8, 9
 
 
-def read_tensors(path: Path) -> list[Tensor]:
-    """The tensor table of a GGUF file over a memmap, the metadata skipped. gguf.GGUFReader
-    reads the same but builds an array per vocabulary entry: 40 s for Gemma's 262k here."""
+def read_gguf(path: Path) -> tuple[dict[str, Any], list[Tensor]]:
+    """A GGUF file's scalar and string metadata (arrays skipped) and its tensors over a memmap.
+    gguf.GGUFReader reads the same but builds an array per vocabulary entry: 40 s for Gemma's
+    262k tokens here."""
     data = np.memmap(path, np.uint8, mode="r")
     buffer, pos = memoryview(data), 8
 
-    def take(fmt: str) -> int:
+    def take(fmt: str) -> Any:
         nonlocal pos
         (value,) = struct.unpack_from(fmt, buffer, pos)
         pos += struct.calcsize(fmt)
@@ -61,30 +64,33 @@ def read_tensors(path: Path) -> list[Tensor]:
         pos += length
         return bytes(buffer[pos - length : pos]).decode()
 
-    def skip(kind: int) -> None:
+    def value(kind: int) -> Any:
+        """A scalar or a string; an array is skipped (None)."""
         nonlocal pos
         if kind == STRING:
-            string()
-        elif kind == ARRAY:
-            item, count = take("<I"), take("<Q")
-            if item in SCALAR_SIZES:
-                pos += count * SCALAR_SIZES[item]
-            else:
-                for _ in range(count):
-                    skip(item)
+            return string()
+        if kind != ARRAY:
+            return take(SCALARS[kind])
+        item, count = take("<I"), take("<Q")
+        if item in SCALARS:
+            pos += count * struct.calcsize(SCALARS[item])
         else:
-            pos += SCALAR_SIZES[kind]
+            for _ in range(count):
+                value(item)
+        return None
 
     tensor_count, key_count = take("<Q"), take("<Q")
+    metadata = {}
     for _ in range(key_count):
-        string()
-        skip(take("<I"))
+        key = string()
+        metadata[key] = value(take("<I"))
     table = []
     for _ in range(tensor_count):
         name = string()
         dims = [take("<Q") for _ in range(take("<I"))]
         table.append((name, tuple(reversed(dims)), Q(take("<I")), take("<Q")))
-    start = -(-pos // 32) * 32  # general.alignment: 32 unless the metadata says otherwise
+    alignment = metadata.get("general.alignment", 32)
+    start = -(-pos // alignment) * alignment
     tensors = []
     for name, shape, qtype, offset in table:
         block_size, type_size = GGML_QUANT_SIZES[qtype]
@@ -92,4 +98,8 @@ def read_tensors(path: Path) -> list[Tensor]:
         rows = int(np.prod(shape[:-1]))
         raw = data[start + offset : start + offset + rows * row_bytes].reshape(rows, row_bytes)
         tensors.append(Tensor(name, qtype, shape, raw))
-    return tensors
+    return metadata, tensors
+
+
+def read_tensors(path: Path) -> list[Tensor]:
+    return read_gguf(path)[1]
