@@ -16,6 +16,8 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from macspec.errors import MacspecError
+from macspec.models.gguf import kquants
 from macspec.models.gguf.header import GGUFHeader
 
 Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
@@ -86,6 +88,21 @@ def _q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     return _affine(q, scales, scales * np.float16(-128), 8, shape)
 
 
+def _kquant(qtype: Q) -> Converter:
+    def convert(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
+        return kquants.convert(qtype, raw, shape)
+
+    return convert
+
+
+def _dequantizable(qtype: Q) -> bool:
+    try:
+        kquants.check_convertible(qtype)
+    except MacspecError:
+        return False
+    return True
+
+
 CONVERTERS: dict[Q, Converter] = {
     Q.F32: _float("<f4"),
     Q.F16: _float("<f2"),
@@ -94,8 +111,26 @@ CONVERTERS: dict[Q, Converter] = {
     Q.Q4_1: _q4_1,
     Q.Q8_0: _q8_0,
 }
+# K-quants and the rest (kquants.py): exact affine weights where the format allows (Q4_K, Q5_K,
+# Q5_0, Q5_1), else gguf's dequantization kept as float16. mx.load's own types keep the layout
+# mx.load gives them (float16 scales), above.
+CONVERTERS.update(
+    {qtype: _kquant(qtype) for qtype in Q if qtype not in CONVERTERS and _dequantizable(qtype)}
+)
 """Every tensor type macspec reads; another type is one more entry (and a test that it gives
 the values `gguf.quants.dequantize` gives)."""
+
+
+def exactness(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
+    """Tensors by type: (converted exactly, not: dequantized and kept as float16)."""
+    exact: dict[str, int] = {}
+    inexact: dict[str, int] = {}
+    for tensor in header.tensors.values():
+        counts = (
+            exact if kquants.is_exact(tensor.qtype) or tensor.qtype in MX_LOAD_TYPES else inexact
+        )
+        counts[tensor.qtype.name] = counts.get(tensor.qtype.name, 0) + 1
+    return exact, inexact
 
 
 def unreadable(header: GGUFHeader) -> list[tuple[str, Q]]:
