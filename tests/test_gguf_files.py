@@ -1,0 +1,228 @@
+"""GGUF files of every architecture macspec reads, written here as llama.cpp's converter writes
+them (names, Q/K permutation, Gemma's +1 norms, tied or untied output): read back, their logits
+are the original model's. Every tensor type read gives `mx.load`'s arrays and `gguf`'s values.
+Bad files are one line and exit 2, leaving nothing behind."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter, quants
+from ggufkit import write_gguf, write_tiny_tokenizer
+from mlx.utils import tree_flatten, tree_map, tree_map_with_path
+from mlx_lm.utils import _get_classes
+from tiny import VOCAB, tokenizer, write_tokenizer
+
+from macspec.cli import main
+from macspec.models import hub
+from macspec.models.gguf.header import read_header
+from macspec.models.gguf.tensors import read_tensors
+from macspec.models.home import macspec_home
+from macspec.models.loader import load_model
+
+BASE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    vocab_size=VOCAB,
+    max_position_embeddings=4096,
+)
+CONFIGS = {
+    "llama": dict(BASE, model_type="llama", num_hidden_layers=2, tie_word_embeddings=False),
+    "qwen2": dict(BASE, model_type="qwen2", num_hidden_layers=2, tie_word_embeddings=True),
+    "qwen3": dict(
+        BASE, model_type="qwen3", num_hidden_layers=2, head_dim=32, tie_word_embeddings=False
+    ),
+    "gemma3_text": dict(
+        BASE,
+        model_type="gemma3_text",
+        num_hidden_layers=6,  # llama.cpp's pattern: every 6th layer global
+        head_dim=16,
+        sliding_window=4,
+        sliding_window_pattern=6,
+        query_pre_attn_scalar=16,
+        rope_theta=1_000_000.0,
+    ),
+}
+for _config in CONFIGS.values():
+    _config.setdefault("rope_theta", 10_000.0)
+PROMPT = [256, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 258, 65, 66, 67]
+
+
+def random_model(config: dict, seed: int):
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+
+    def spread(path, w):  # norms away from their initial ones, biases away from zero
+        return w + 0.3 * mx.random.normal(w.shape) if w.ndim == 1 else w * 3
+
+    model.update(tree_map_with_path(spread, model.parameters()))
+    if config["model_type"] == "gemma3_text":
+        model.sanitize({})  # Gemma 3 ties its output to the embeddings, as its checkpoints do
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    """The tokenizer the tiny GGUFs' vocabulary was taken from, as its own folder."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    write_tokenizer(folder)
+    return tokenizer(folder)
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_each_architecture_reads_back_as_the_original(kind, tmp_path, published):
+    config = CONFIGS[kind]
+    original = random_model(config, seed=1)
+    path = write_gguf(original, config, tmp_path / f"{kind}.gguf")
+    folder = hub.local_model_path(str(path))
+    model, tokenizer_ = load_model(folder, "model")
+    ids = mx.array([PROMPT])
+    assert mx.allclose(model(ids), original(ids), atol=1e-4, rtol=1e-4), kind
+    assert tokenizer_.eos_token_ids == {257}
+    turns = [{"role": "user", "content": "héllo <|eos|> wörld 12"}]
+    chat = tokenizer_.apply_chat_template(turns, add_generation_prompt=True)
+    assert chat == published.apply_chat_template(turns, add_generation_prompt=True)
+    assert tokenizer_.decode(chat) == published.decode(chat)
+
+
+def test_quantized_layers_are_the_blocks_values(tmp_path):
+    """Q8_0 and Q4_0 matrices, as a quantizing converter writes them: the model computes with
+    exactly the values `gguf` dequantizes the blocks to."""
+    config = CONFIGS["llama"]
+    original = random_model(config, seed=2)
+    for kind in (Q.Q8_0, Q.Q4_0, Q.Q4_1):
+        path = write_gguf(original, config, tmp_path / f"{kind.name}.gguf", float_type=kind)
+        model, _ = load_model(hub.local_model_path(str(path)), "model")
+        header = read_header(path)
+        for name, tensor in header.tensors.items():
+            if tensor.qtype != kind:
+                continue
+            raw = np.fromfile(path, np.uint8, tensor.nbytes, offset=tensor.start)
+            blocks = quants.dequantize(raw.reshape(tensor.shape[0], -1), kind)
+            ours = dict(tree_flatten(model.parameters()))
+            stem = _mlx_stem(name)
+            if stem.endswith(("q_proj", "k_proj")):
+                continue  # rows put back in order: compared through the logits below
+            values = mx.dequantize(  # in float32, where scale * q + bias is exact
+                ours[f"{stem}.weight"],
+                ours[f"{stem}.scales"].astype(mx.float32),
+                ours[f"{stem}.biases"].astype(mx.float32),
+                32,
+                8 if kind == Q.Q8_0 else 4,
+            )
+            assert np.array_equal(np.array(values), blocks), name
+        # MLX computes in fp16 with the fp16 scales: within 0.05 (Q8_0 itself moves them 0.46).
+        ids = mx.array([PROMPT])
+        assert mx.allclose(model(ids), blockwise(original, config, kind)(ids), atol=5e-2)
+
+
+def blockwise(model, config: dict, kind):
+    """A copy of `model` whose matrices are what `kind`'s blocks hold (row by row, so llama's
+    row permutation does not change them)."""
+    copy = random_model(config, seed=0)
+
+    def rounded(w):
+        array = np.array(w)
+        return mx.array(quants.dequantize(quants.quantize(array, kind), kind)) if w.ndim == 2 else w
+
+    copy.update(tree_map(rounded, model.parameters()))
+    return copy
+
+
+def _mlx_stem(name: str) -> str:
+    from macspec.models.gguf.config import mlx_name
+
+    return mlx_name(name, "llama").removesuffix(".weight")
+
+
+@pytest.mark.parametrize("kind", [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q8_0])
+def test_each_type_converts_to_mx_loads_arrays(kind, tmp_path):
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(8, 64)).astype(np.float32)
+    writer = GGUFWriter(str(tmp_path / "t.gguf"), "llama")
+    plain = {Q.F32: np.float32, Q.F16: np.float16}
+    data = values.astype(plain[kind]) if kind in plain else quants.quantize(values, kind)
+    writer.add_tensor("w.weight", data, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header = read_header(tmp_path / "t.gguf")
+    loaded, converted = mx.load(str(tmp_path / "t.gguf")), read_tensors(header, use_mx_load=False)
+    assert loaded.keys() == converted.keys()
+    for name, array in loaded.items():
+        if kind == Q.BF16:  # mx.load gives BF16 as float16; kept as the file's own bfloat16
+            assert converted[name].dtype == mx.bfloat16
+            assert np.array_equal(np.array(converted[name].view(mx.uint16)), data.view(np.uint16))
+            array = array.astype(mx.bfloat16)
+        assert converted[name].dtype == array.dtype
+        assert mx.array_equal(converted[name], array), name
+    assert read_tensors(header).keys() == loaded.keys()
+
+
+# -- bad input: one line, exit 2, nothing half-written -------------------------------------------
+def _tiny_file(path, *, arch="llama", odd_tensor=None):
+    """A file with a tokenizer and a tensor but no model: only for what is refused first."""
+    writer = GGUFWriter(str(path), arch)
+    write_tiny_tokenizer(writer)
+    writer.add_tensor("token_embd.weight", np.zeros((VOCAB, 64), np.float32))
+    if odd_tensor is not None:
+        writer.add_tensor(
+            "blk.0.attn_q.weight", np.zeros((64, 144), np.uint8), raw_dtype=odd_tensor
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _bad_files(root):
+    root.mkdir()
+    whole = _tiny_file(root / "whole.gguf")
+    data = whole.read_bytes()
+    (root / "cut-data.gguf").write_bytes(data[: len(data) - 1000])
+    (root / "cut-header.gguf").write_bytes(data[:200])
+    (root / "magic.gguf").write_bytes(b"GGML" + data[4:])
+    (root / "version.gguf").write_bytes(b"GGUF" + (4).to_bytes(4, "little") + data[8:])
+    (root / "folder.gguf").mkdir()
+    config = CONFIGS["llama"]
+    write_gguf(random_model(config, seed=0), config, root / "notok.gguf", tokenizer=False)
+    return {
+        "cut-data.gguf": "truncated",
+        "cut-header.gguf": "truncated or damaged GGUF header",
+        "magic.gguf": "not a GGUF file",
+        "version.gguf": "GGUF version 4",
+        "folder.gguf": "a folder, not a .gguf file",
+        "missing.gguf": "no such file",
+        str(
+            _tiny_file(root / "kquant.gguf", odd_tensor=Q.Q4_K).name
+        ): "tensor blk.0.attn_q.weight is Q4_K",
+        str(
+            _tiny_file(root / "mamba.gguf", arch="mamba").name
+        ): "architecture 'mamba' is not supported",
+        "notok.gguf": "no tokenizer",
+    }
+
+
+def test_bad_files_are_one_line_and_exit_2(tmp_path, capsys):
+    cases = _bad_files(tmp_path / "bad")
+    for name, message in {**cases, "": "an empty model name"}.items():
+        path = str(tmp_path / "bad" / name) if name else ""
+        for flag in ("--model", "--draft-model"):
+            args = ["run", "hi", flag, path]
+            if flag == "--draft-model":  # the draft is resolved before the target
+                args += ["--model", str(tmp_path / "bad" / "whole.gguf"), "--draft", "model"]
+            code = main(args)
+            err = capsys.readouterr().err
+            assert code == 2, (name, flag, err)
+            assert err.count("\n") == 1 and message in err, (name, flag, err)
+    leftovers = [p.name for p in (macspec_home() / "gguf").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
