@@ -203,8 +203,8 @@ def _bad_files(root):
         "folder.gguf": "a folder, not a .gguf file",
         "missing.gguf": "no such file",
         str(
-            _tiny_file(root / "kquant.gguf", odd_tensor=Q.Q4_K).name
-        ): "tensor blk.0.attn_q.weight is Q4_K",
+            _tiny_file(root / "q8_1.gguf", odd_tensor=Q.Q8_1).name  # gguf cannot dequantize it
+        ): "tensor blk.0.attn_q.weight is Q8_1",
         str(
             _tiny_file(root / "mamba.gguf", arch="mamba").name
         ): "architecture 'mamba' is not supported",
