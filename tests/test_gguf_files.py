@@ -8,8 +8,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, quants
 from ggufkit import write_gguf, write_tiny_tokenizer
 from mlx.utils import tree_flatten, tree_map, tree_map_with_path
 from mlx_lm.utils import _get_classes
@@ -174,8 +174,9 @@ def _tiny_file(path, *, arch="llama", odd_tensor=None):
     write_tiny_tokenizer(writer)
     writer.add_tensor("token_embd.weight", np.zeros((VOCAB, 64), np.float32))
     if odd_tensor is not None:
+        row_bytes = 4 * GGML_QUANT_SIZES[odd_tensor][1]  # four blocks a row
         writer.add_tensor(
-            "blk.0.attn_q.weight", np.zeros((64, 144), np.uint8), raw_dtype=odd_tensor
+            "blk.0.attn_q.weight", np.zeros((64, row_bytes), np.uint8), raw_dtype=odd_tensor
         )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
