@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,10 @@ class ResolvedModels:
     more_drafts: tuple[tuple[str, Path], ...] = ()
     """The pair's further draft models (name, folder), for `--draft auto`; none when
     `--draft-model` replaced the pair's drafts."""
+    notes: tuple[str, ...] = ()
+    """What a store said of the models that is not used (a vision projector, say): warnings."""
+    store_params: dict = field(default_factory=dict)
+    """The target's Ollama `params` layer (stop, temperature, ...): defaults flags override."""
 
     def head(self, kind: str) -> Path | None:
         """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
@@ -252,8 +256,10 @@ def resolve_models(
     if model is not None:
         if not need_draft:
             draft_model = None
+        target = hub.local_model_path(model)
         draft = hub.local_model_path(draft_model) if draft_model is not None else None
-        return ResolvedModels(hub.local_model_path(model), draft, model, draft_model, None)
+        notes, params = _store_facts(model, draft_model)
+        return ResolvedModels(target, draft, model, draft_model, None, (), notes, params)
     catalog = load_catalog()
     if pair is not None:
         chosen = catalog.get(pair)
@@ -278,6 +284,16 @@ def resolve_models(
     else:
         draft_path = None
     return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen, more)
+
+
+def _store_facts(target: str, draft: str | None) -> tuple[tuple[str, ...], dict]:
+    """Notes of both models and the target's params, for names a store resolved (the store
+    lookup is a manifest read: cheap to repeat after `local_model_path`)."""
+    from macspec.models import stores
+
+    found = [stores.find(name) if name is not None else None for name in (target, draft)]
+    notes = tuple(note for entry in found if entry is not None for note in entry.notes)
+    return notes, dict(found[0].params) if found[0] is not None else {}
 
 
 def context_length(resolved: ResolvedModels) -> int | None:
