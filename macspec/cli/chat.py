@@ -22,7 +22,7 @@ from macspec.chat.store import (
 )
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.cli.store_params import with_store_params
+from macspec.cli.store_params import say_draft_choice, with_store_params
 from macspec.errors import EXIT_USER_ERROR, QuietExit
 from macspec.models.catalog import resolve_models
 
@@ -102,6 +102,7 @@ def chat(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
     config = with_store_params(config, resolved, ctx)  # an Ollama model's params, unless flagged
+    say_draft_choice(resolved)
     require_terminal()
     what = resolved.pair.name if resolved.pair is not None else resolved.target_name
     # Said before mlx-lm loads (seconds): the user sees at once that something happens.

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from macspec.models.stores.listing import LocalModel, store_places
+from macspec.models.stores.pairing import drafts_for, local_pairs
 
 STORE_LABELS = {"ollama": "Ollama", "lmstudio": "LM Studio", "hf": "HF cache"}
 
@@ -19,8 +20,9 @@ def _gb(n: int | None) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{max(n / 1e6, 0.1):.1f} MB"
 
 
-def local_json(model: LocalModel) -> dict[str, Any]:
-    """One entry of `macspec models --local --json`."""
+def local_json(model: LocalModel, models: list[LocalModel]) -> dict[str, Any]:
+    """One entry of `macspec models --local --json`; `drafts`: the models here that can draft
+    for it, the one `--draft-model auto` takes first."""
     about = model.about
     memory = about.memory if about is not None else None
     return {
@@ -39,6 +41,7 @@ def local_json(model: LocalModel) -> dict[str, Any]:
         "available_memory_bytes": memory.available_bytes if memory else None,
         "fits": memory.fits if memory else None,
         "tokenizer": about.tokenizer if about else None,
+        "drafts": [draft.name for draft in drafts_for(model, models)],
     }
 
 
@@ -85,3 +88,8 @@ def print_local(models: list[LocalModel], console: Console) -> None:
             why = model.error.removeprefix(f"{model.name}: ")
             console.print(f"unreadable {model.name}: {why}", highlight=False)
     console.print(f"Looked in {places}.", highlight=False, soft_wrap=True)
+    pairs = local_pairs(models)
+    if pairs:
+        console.print("Pairs on this Mac (same tokenizer, the draft at most half the size):")
+        for pair in pairs:
+            console.print(f"  --pair {pair.spec}", highlight=False)

@@ -175,7 +175,7 @@ def models(
 
         found = local_models()
         if as_json:
-            typer.echo(json.dumps([local_json(m) for m in found], indent=2))
+            typer.echo(json.dumps([local_json(m, found) for m in found], indent=2))
         else:
             print_local(found, Console())
         return

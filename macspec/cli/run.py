@@ -14,7 +14,7 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.cli.store_params import with_store_params
+from macspec.cli.store_params import say_draft_choice, with_store_params
 from macspec.errors import EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
 
@@ -129,6 +129,7 @@ def run(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
     config = with_store_params(config, resolved, ctx)  # an Ollama model's params, unless flagged
+    say_draft_choice(resolved)
     # Under mlx.launch every rank answers (the target sharded over them); rank 0 alone writes.
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}

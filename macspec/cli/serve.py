@@ -9,7 +9,7 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.cli.store_params import serve_defaults
+from macspec.cli.store_params import say_draft_choice, serve_defaults
 from macspec.models.catalog import resolve_models
 
 
@@ -143,6 +143,7 @@ def serve(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
     defaults = serve_defaults(defaults, resolved, ctx)  # an Ollama model's params, unless flagged
+    say_draft_choice(resolved)
     # Under mlx.launch the target is sharded over every rank: rank 0 serves, the others follow.
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}

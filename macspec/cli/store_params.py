@@ -3,6 +3,7 @@ the command line (the command's typer context says where each parameter's value 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -94,3 +95,9 @@ def serve_defaults(defaults: Any, resolved: ResolvedModels, context: typer.Conte
     fields = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
     fields["max_tokens"] = "max_tokens"
     return replace(defaults, **{fields[k]: v for k, v in chosen.items() if k in fields})
+
+
+def say_draft_choice(resolved: ResolvedModels) -> None:
+    """`--draft-model auto`: which draft was picked, one line on stderr."""
+    if resolved.draft_choice is not None:
+        print(f"macspec: {resolved.draft_choice}", file=sys.stderr, flush=True)

@@ -24,6 +24,8 @@ SHIPPED_CATALOG = Path(__file__).parent.parent / "models.toml"
 DEFAULT_PAIR = "demo"
 MAX_DRAFT_TOKENS = 64
 """The most guesses per cycle a pair or `--num-draft-tokens` may ask for."""
+AUTO_DRAFT = "auto"
+"""`--draft-model auto`: a draft among the models on this machine (see stores.pairing)."""
 DRAFT_POLICIES = ("auto",)
 """Named draft-length policies a pair may recommend; an integer means a fixed k instead."""
 
@@ -121,6 +123,8 @@ class ResolvedModels:
     """What a store said of the models that is not used (a vision projector, say): warnings."""
     store_params: dict = field(default_factory=dict)
     """The target's Ollama `params` layer (stop, temperature, ...): defaults flags override."""
+    draft_choice: str | None = None
+    """With `--draft-model auto`: one line saying which draft was picked, and why."""
 
     def head(self, kind: str) -> Path | None:
         """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
@@ -253,13 +257,21 @@ def resolve_models(
     """
     if pair is not None and model is not None:
         raise MacspecError("--pair and --model both given; pass one of them")
+    if pair is not None and "+" in pair:  # TARGET+DRAFT: two names (pair names have no '+')
+        model, draft_model = pair.split("+", 1)
     if model is not None:
         if not need_draft:
             draft_model = None
         target = hub.local_model_path(model)
-        draft = hub.local_model_path(draft_model) if draft_model is not None else None
+        choice = None
+        if draft_model == AUTO_DRAFT:  # the best draft on this machine, by tokenizer
+            from macspec.models.stores.pairing import resolve_auto
+
+            draft_model, draft, choice = resolve_auto(model, target)
+        else:
+            draft = hub.local_model_path(draft_model) if draft_model is not None else None
         notes, params = _store_facts(model, draft_model)
-        return ResolvedModels(target, draft, model, draft_model, None, (), notes, params)
+        return ResolvedModels(target, draft, model, draft_model, None, (), notes, params, choice)
     catalog = load_catalog()
     if pair is not None:
         chosen = catalog.get(pair)

@@ -133,3 +133,8 @@ def store_places() -> dict[str, str]:
         "lmstudio": " and ".join(str(r) for r in lmstudio.store_roots()),
         "hf": str(hub.hf_cache_dir()),
     }
+
+
+def describe_path(path: Path) -> Description:
+    """A GGUF file or a model folder, described from its metadata."""
+    return describe_mlx(path) if path.is_dir() else describe_gguf(path)
