@@ -116,6 +116,15 @@ def store(tmp_path: Path):
     return Store(tmp_path / "chats.db")
 
 
+@pytest.fixture
+def gguf_as_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model names resolve to the GGUF file itself: what loading derives from a file is the GGUF
+    loader's business (its own tests), not that of the tests of names and stores."""
+    from macspec.models import hub
+
+    monkeypatch.setattr(hub, "gguf_model_path", lambda path: path)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny real mlx-lm llama model folder (config.json, model.safetensors, tokenizer)."""

@@ -11,6 +11,8 @@ from storekit import OllamaStore, tiny_gguf
 
 from macspec.cli import main
 
+pytestmark = pytest.mark.usefixtures("gguf_as_files")
+
 PARAMS = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "stop": ["<|im_end|>"], "seed": 7}
 
 

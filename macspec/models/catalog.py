@@ -267,9 +267,8 @@ def resolve_models(
         if draft_model == AUTO_DRAFT:  # the best draft on this machine, by tokenizer
             from macspec.models.stores.pairing import resolve_auto
 
-            draft_model, draft, choice = resolve_auto(model, target)
-        else:
-            draft = hub.local_model_path(draft_model) if draft_model is not None else None
+            draft_model, choice = resolve_auto(model, target)
+        draft = hub.local_model_path(draft_model) if draft_model is not None else None
         notes, params = _store_facts(model, draft_model)
         return ResolvedModels(target, draft, model, draft_model, None, (), notes, params, choice)
     catalog = load_catalog()

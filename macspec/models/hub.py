@@ -132,6 +132,12 @@ def find_local(name: str) -> Path | None:
         return None
 
 
+def gguf_model_path(path: Path) -> Path:
+    """What loading takes for a GGUF file (an Ollama blob has no `.gguf` suffix: the magic
+    says): the file itself until GGUF loading decides otherwise (one place for every name)."""
+    return path
+
+
 def local_model_path(name: str) -> Path:
     """Resolve a model folder, a GGUF file, a `package:` name, a store name (Ollama's, LM
     Studio's) or a repo id already in the local HF cache; anything else is one line.
@@ -145,13 +151,11 @@ def local_model_path(name: str) -> Path:
         if not (path / "config.json").is_file():
             raise MacspecError(f"{name}: not installed with this macspec ({path} has no model)")
         return path
-    found = stores.find(name)
-    if found is not None:
-        return found.path
-    path = Path(name).expanduser()
+    found = stores.find(name)  # a store name: its GGUF file or MLX folder, read as any path
+    path = found.path if found is not None else Path(name).expanduser()
     if name.strip() and path.exists():
         if path.is_file() and stores.is_gguf(path):
-            return path
+            return gguf_model_path(path)
         if not (path / "config.json").is_file():
             what = "a file that is not GGUF" if path.is_file() else "a folder with no config.json"
             raise MacspecError(f"{name}: not a model ({what}); give {stores.FORMS}")

@@ -66,16 +66,28 @@ def local_pairs(models: list[LocalModel]) -> list[LocalPair]:
     return pairs
 
 
+def source_path(name: str, resolved: Path) -> Path:
+    """The file or folder a name points to as it lies in its store (not what loading derives
+    from it): the store's path, else the path given, else the resolved folder (an HF id)."""
+    from macspec.models import stores
+
+    found = stores.find(name)
+    if found is not None:
+        return found.path
+    given = Path(name).expanduser()
+    return given if given.exists() else resolved
+
+
 def auto_draft(target_name: str, target_path: Path) -> LocalPair:
     """`--draft-model auto`: the best draft on this machine for the target at `target_path`;
     one line when there is none."""
     from macspec.models.stores.listing import describe_path
 
-    target = LocalModel(target_name, "given", target_path, None)
     try:
-        target = LocalModel(target_name, "given", target_path, describe_path(target_path))
+        about = describe_path(target_path)
     except (MacspecError, OSError, ValueError) as exc:
         raise MacspecError(f"--draft-model auto: cannot read {target_name} ({exc})") from None
+    target = LocalModel(target_name, "given", target_path, about)
     same_file = target_path.resolve()
     models = [m for m in local_models() if m.path is None or m.path.resolve() != same_file]
     drafts = drafts_for(target, models)
@@ -87,14 +99,14 @@ def auto_draft(target_name: str, target_path: Path) -> LocalPair:
     return LocalPair(target, drafts[0])
 
 
-def resolve_auto(model: str, target: Path) -> tuple[str, Path, str]:
-    """`--draft-model auto` for `model` (at `target`): the draft its Ollama manifest names, else
-    the best one on this machine; (the draft's name, its path, the line that says so)."""
+def resolve_auto(model: str, resolved: Path) -> tuple[str, str]:
+    """`--draft-model auto` for `model` (resolved to `resolved`): the draft its Ollama manifest
+    names, else the best one on this machine; (a name `--draft-model` takes, the line that
+    says which and why)."""
     from macspec.models import stores
 
     found = stores.find(model)
     if found is not None and found.draft is not None:
-        return str(found.draft), found.draft, f"draft for {model}: the one its manifest names"
-    pair = auto_draft(model, target)
-    assert pair.draft.path is not None
-    return pair.draft.name, pair.draft.path, pair.why()
+        return str(found.draft), f"draft for {model}: the one its manifest names"
+    pair = auto_draft(model, source_path(model, resolved))
+    return pair.draft.name, pair.why()
