@@ -197,3 +197,14 @@ def test_every_command_refuses_a_bad_name_in_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("macspec: error: ")
     assert "Traceback" not in err and name in err
+
+
+def test_an_unknown_name_suggests_the_nearest_store_names(store, gguf_file, user):
+    store.add("qwen3:8b", gguf_file)
+    store.add("qwen3:0.6b", gguf_file)
+    lmstudio_repo(user, "lmstudio-community", "gemma-3-270m-it-GGUF")
+    assert "on this Mac: qwen3:0.6b, qwen3:8b" in one_line_error("qwen3")
+    assert "on this Mac: qwen3:8b" in one_line_error("qwen3-8b")
+    gemma = "on this Mac: lmstudio:lmstudio-community/gemma-3-270m-it-GGUF"
+    assert gemma in one_line_error("gemma-3-270m-it-GGUF")
+    assert "on this Mac" not in one_line_error("llama")

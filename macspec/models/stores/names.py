@@ -39,6 +39,30 @@ def find(name: str) -> StoreModel | None:
     return None
 
 
+def store_names() -> list[str]:
+    """The names of the models in Ollama's and LM Studio's stores (paths only: no file read)."""
+    names = [found.short for found, _ in ollama.manifests()]
+    for root in lmstudio.store_roots():
+        names += [f"{lmstudio.PREFIX}{r.parent.name}/{r.name}" for r in lmstudio.repos(root)]
+    return names
+
+
+def nearest(name: str, limit: int = 3) -> list[str]:
+    """Store names close to `name` (as `ollama run` suggests): those it starts, else similar."""
+    import difflib
+
+    known = store_names()
+    bare = name.lower().removeprefix(ollama.PREFIX)
+    starting = [k for k in known if k.lower().startswith((bare + ":", bare + "/"))]
+    if starting:
+        return starting[:limit]
+    by_tail = {k.rsplit("/", 1)[-1].lower(): k for k in known}  # LM Studio: the repo's name
+    close = difflib.get_close_matches(bare, [*by_tail, *known], n=limit, cutoff=0.6)
+    return list(dict.fromkeys(by_tail.get(c, c) for c in close))[:limit]
+
+
 def not_a_model(name: str) -> MacspecError:
-    """The one line for a name that is none of the accepted forms."""
-    return MacspecError(f"'{name}' is not a model name: give {FORMS}")
+    """The one line for a name that is none of the accepted forms, with the nearest store names."""
+    close = nearest(name) if name.strip() else []
+    hint = f"; on this Mac: {', '.join(close)}" if close else ""
+    return MacspecError(f"'{name}' is not a model name: give {FORMS}{hint}")
