@@ -114,3 +114,30 @@ def lmstudio_repo(home: Path, publisher: str, repo: str, older: bool = False) ->
     folder = root / publisher / repo
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def cut_gguf(source: Path, path: Path, layers: int) -> Path:
+    """`source` cut to its first `layers` blocks, everything else (tokenizer, types) as it was:
+    a smaller model with the same tokenizer, to pair with the whole one."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(path), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        value = layers if name == f"{arch}.block_count" else field.contents()
+        sub_type = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, value, field.types[0], sub_type)
+    for tensor in reader.tensors:
+        if tensor.name.startswith("blk.") and int(tensor.name.split(".")[1]) >= layers:
+            continue
+        # the reader's data is shaped in bytes per row for quantized types: the writer takes that
+        data = tensor.data
+        writer.add_tensor(tensor.name, data, raw_shape=data.shape, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

