@@ -70,6 +70,7 @@ def test_every_store_is_listed_with_its_metadata(capsys, stores):
     assert (mlx["format"], mlx["architecture"]) == ("mlx", "llama")
     assert found["test/tiny-target"]["store"] == "hf"
     assert found["tiny:1b"]["context_length"] == 4096
+    assert found["tiny:1b"]["quantization"] == "F32"  # the file's own word over Ollama's config
     readable = [entry for entry in found.values() if entry["readable"]]
     for entry in readable:  # each listed name is what --model takes to reach that same file
         assert hub.local_model_path(entry["name"]).resolve() == Path(entry["path"]).resolve()

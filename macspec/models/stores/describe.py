@@ -41,7 +41,7 @@ def _int(value: Any) -> int | None:
 
 def file_type_name(value: Any) -> str | None:
     """GGUF's `general.file_type` as llama.cpp names it (`MOSTLY_Q4_K_M` -> `Q4_K_M`)."""
-    if _int(value) is None and value != 0:
+    if not isinstance(value, int) or isinstance(value, bool):
         return None
     import gguf  # its enum is the list of names; imported only when a GGUF is described
 
@@ -52,7 +52,8 @@ def file_type_name(value: Any) -> str | None:
 
 
 def describe_gguf(path: Path, file_type: str | None = None) -> Description:
-    """A GGUF file from its header; `file_type` (Ollama's config says it) saves the lookup."""
+    """A GGUF file from its header; `file_type` (Ollama's config says it) when the header's
+    own `general.file_type` is missing."""
     header = read_header(path)
     size = path.stat().st_size
     context = _int(header.arch_value("context_length"))
@@ -69,7 +70,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     return Description(
         "gguf",
         size,
-        file_type or file_type_name(header.metadata.get("general.file_type")),
+        file_type_name(header.metadata.get("general.file_type")) or file_type,
         header.architecture,
         context,
         memory,
