@@ -65,6 +65,8 @@ def test_draft_model_auto_takes_the_smallest_with_the_same_tokenizer(store):
 def test_no_draft_for_auto_is_one_line(store):
     with pytest.raises(MacspecError, match="no model on this Mac shares other:1b's tokenizer"):
         resolve_models(None, "other:1b", "auto")
+    with pytest.raises(MacspecError, match="a pair has its own"):
+        resolve_models("demo", None, "auto")
 
 
 def test_a_pair_of_two_names(store):
@@ -117,3 +119,13 @@ def test_a_real_model_pairs_with_its_cut(capsys, store, smollm2_cut):
     assert found["smollm2:135m"]["drafts"] == ["smollm2:4layers"]
     assert found["smollm2:4layers"]["tokenizer"] == found["smollm2:135m"]["tokenizer"]
     assert found["smollm2:4layers"]["tokenizer"] != found["big:8b"]["tokenizer"]
+
+
+def test_serve_says_which_draft_it_took(capsys, monkeypatch, store):
+    seen = []
+    monkeypatch.setattr(
+        "macspec.cli.serve.serve_models", lambda resolved, *_a: seen.append(resolved)
+    )
+    assert main(["serve", "--model", "big:8b", "--draft-model", "auto"]) == 0
+    assert seen[0].draft_name == "small:0.6b"
+    assert "macspec: draft small:0.6b for big:8b" in capsys.readouterr().err

@@ -271,6 +271,8 @@ def resolve_models(
         draft = hub.local_model_path(draft_model) if draft_model is not None else None
         notes, params = _store_facts(model, draft_model)
         return ResolvedModels(target, draft, model, draft_model, None, (), notes, params, choice)
+    if draft_model == AUTO_DRAFT and need_draft:
+        raise MacspecError("--draft-model auto finds a draft for a --model; a pair has its own")
     catalog = load_catalog()
     if pair is not None:
         chosen = catalog.get(pair)
