@@ -129,3 +129,29 @@ def test_serve_says_which_draft_it_took(capsys, monkeypatch, store):
     assert main(["serve", "--model", "big:8b", "--draft-model", "auto"]) == 0
     assert seen[0].draft_name == "small:0.6b"
     assert "macspec: draft small:0.6b for big:8b" in capsys.readouterr().err
+
+
+def test_mlx_folders_pair_and_the_pair_is_lossless(capsys, tmp_path):
+    import tiny
+
+    user = Path(os.environ["HOME"])
+    big = tiny.model_args(hidden=128, layers=4, intermediate=256)
+    target = tiny.save_model(tiny.random_model(0, big, 4.0), lmstudio_repo(user, "me", "target"))
+    small = tiny.model_args(hidden=32, layers=1, intermediate=64)
+    tiny.save_model(tiny.random_model(1, small, 4.0), lmstudio_repo(user, "me", "draft"))
+    smallest = tiny.model_args(hidden=16, layers=1, intermediate=32)  # smaller, but its own ids
+    other = lmstudio_repo(user, "me", "another-tokenizer")
+    tiny.save_model(tiny.random_model(2, smallest), other, tokenizer_shift=1)
+    resolved = resolve_models(None, "lmstudio:me/target", "auto")
+    assert resolved.target == target and resolved.draft_name == "lmstudio:me/draft"
+
+    def answer(*flags: str) -> tuple[str, str]:
+        argv = ["run", "--model", "lmstudio:me/target", *flags, "--max-tokens", "12", "hi"]
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        return captured.out, captured.err
+
+    plain, _ = answer("--no-draft")
+    drafted, said = answer("--draft-model", "auto", "--draft", "model")
+    assert drafted == plain and "guesses" in said  # drafted, and token for token the same
+    assert "macspec: draft lmstudio:me/draft for lmstudio:me/target" in said

@@ -90,7 +90,6 @@ def describe_mlx(folder: Path) -> Description:
     bits = quantization.get("bits") if isinstance(quantization, dict) else None
     size = weight_bytes(folder)
     memory = estimate(size, [config], context) if context else None
-    digest, vocab = mlx_tokenizer_digest(folder)
     model_type = config.get("model_type")
     return Description(
         "mlx",
@@ -99,27 +98,28 @@ def describe_mlx(folder: Path) -> Description:
         model_type if isinstance(model_type, str) else None,
         context,
         memory,
-        digest,
-        vocab,
+        mlx_tokenizer_digest(folder),
+        _int(text.get("vocab_size")),
     )
 
 
-def mlx_tokenizer_digest(folder: Path) -> tuple[str | None, int | None]:
-    """A fingerprint of tokenizer.json's vocabulary and merges, ids in order; (None, None)
-    without one. Not comparable with a GGUF's (which hashes GGUF's own bytes): pairs are made
-    within one format."""
-    path = folder / "tokenizer.json"
-    if not path.is_file():
-        return None, None
-    data = json.loads(path.read_text(encoding="utf-8"))
-    model = data.get("model") if isinstance(data, dict) else None
-    vocab = model.get("vocab") if isinstance(model, dict) else None
-    if not isinstance(vocab, dict):
-        return None, None
-    tokens = {int(i): t for t, i in vocab.items()}
-    for added in data.get("added_tokens") or ():
-        if isinstance(added, dict) and isinstance(added.get("id"), int):
-            tokens[added["id"]] = added.get("content")
-    h = hashlib.sha256(json.dumps(sorted(tokens.items()), ensure_ascii=False).encode())
-    h.update(json.dumps(model.get("merges") or [], ensure_ascii=False).encode())
-    return h.hexdigest(), len(tokens)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
+"""The files whose bytes make an MLX folder's tokenizer fingerprint."""
+
+
+def mlx_tokenizer_digest(folder: Path) -> str | None:
+    """A fingerprint of the folder's tokenizer files, byte for byte (parsing a 30 MB
+    tokenizer.json would take most of a listing's time); None without one. Conversions of one
+    family copy the same files, so they match; a reformatted copy only misses a pair. Not
+    comparable with a GGUF's (GGUF's own bytes): pairs are made within one format."""
+    h = hashlib.sha256()
+    found = False
+    for name in TOKENIZER_FILES:
+        path = folder / name
+        if path.is_file():
+            found = True
+            h.update(name.encode() + b"\0")
+            with path.open("rb") as file:
+                for block in iter(lambda: file.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest() if found else None
