@@ -25,6 +25,7 @@ UNSET_FOR_TESTS = (
     "HF_HUB_CACHE",
     "HUGGINGFACE_HUB_CACHE",
     "XDG_DATA_HOME",
+    "OLLAMA_MODELS",  # Ollama's store: tests build their own under a temp HOME
     "COLUMNS",  # rich tables size themselves by it
     "LINES",
     "NO_COLOR",
@@ -46,6 +47,8 @@ def isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    # Ollama's and LM Studio's stores are found under HOME: never the user's own.
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
     # Temp files (the chat's file of unsaved messages, say) stay in the test's own folder.
     temp = tmp_path / "tmp"
     temp.mkdir(exist_ok=True)
@@ -111,6 +114,15 @@ def store(tmp_path: Path):
     from macspec.chat.store import Store
 
     return Store(tmp_path / "chats.db")
+
+
+@pytest.fixture
+def gguf_as_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Model names resolve to the GGUF file itself: what loading derives from a file is the GGUF
+    loader's business (its own tests), not that of the tests of names and stores."""
+    from macspec.models import hub
+
+    monkeypatch.setattr(hub, "gguf_model_path", lambda path: path)
 
 
 @pytest.fixture(scope="session")

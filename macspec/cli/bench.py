@@ -18,6 +18,7 @@ from macspec.bench.report import plot, report, require_matplotlib, to_json
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.cli.bench_tables import render, summary_lines
+from macspec.cli.store_params import say_draft_choice
 from macspec.models.catalog import context_length, resolve_models
 from macspec.models.flags import DRAFT_SOURCES
 
@@ -183,6 +184,7 @@ def bench(
 
     sharded = launched()  # under mlx.launch: the target is sharded over every rank
     resolved = resolve_models(pair, model, draft_model)
+    say_draft_choice(resolved)
     if concurrency is not None:
         levels = parse_levels(concurrency)
         if sharded:

@@ -22,12 +22,14 @@ from macspec.chat.store import (
 )
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.cli.store_params import say_draft_choice, with_store_params
 from macspec.errors import EXIT_USER_ERROR, QuietExit
 from macspec.models.catalog import resolve_models
 
 
 @app.command()
 def chat(
+    ctx: typer.Context,
     model: opt.Model = None,
     draft_model: opt.DraftModel = None,
     pair: opt.PairName = None,
@@ -99,6 +101,8 @@ def chat(
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
+    config = with_store_params(config, resolved, ctx)  # an Ollama model's params, unless flagged
+    say_draft_choice(resolved)
     require_terminal()
     what = resolved.pair.name if resolved.pair is not None else resolved.target_name
     # Said before mlx-lm loads (seconds): the user sees at once that something happens.

@@ -149,15 +149,36 @@ def models(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print a JSON list instead of a table.")
     ] = False,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local", help="Only the models on this Mac (Ollama, LM Studio, the HF cache)."
+        ),
+    ] = False,
 ) -> None:
-    """List model pairs: downloaded, size, memory, fit.
+    """List model pairs, and the models already on this Mac.
 
     Each pair of the catalog, whether it is downloaded, its size on disk, its memory
     estimate (weights plus a full-context KV cache) and whether that fits this machine.
     The catalog ships with macspec; a models.toml in the macspec home (MACSPEC_HOME, by
     default ~/Library/Application Support/macspec on macOS, ~/.local/share/macspec
     elsewhere) adds pairs or replaces them by name. Sizes are approximate.
+
+    Then "on this Mac": every model in Ollama's store (OLLAMA_MODELS, else
+    ~/.ollama/models), LM Studio's (~/.lmstudio/models, ~/.cache/lm-studio/models) and the
+    Hugging Face cache, read from metadata alone, with the name --model takes. With
+    --local, only those (and --json lists them).
     """
+    if local:
+        from macspec.cli.local_models import local_json, print_local
+        from macspec.models.stores.listing import local_models
+
+        found = local_models()
+        if as_json:
+            typer.echo(json.dumps([local_json(m, found) for m in found], indent=2))
+        else:
+            print_local(found, Console())
+        return
     statuses = [pair_status(pair) for pair in load_catalog().pairs.values()]
     if as_json:
         typer.echo(json.dumps([_status_json(s) for s in statuses], indent=2))
@@ -169,6 +190,10 @@ def models(
         console.print("Published drafters macspec does not serve (yet):", highlight=False)
         for name, note in notes:
             console.print(f"  {name}: {note}", highlight=False, soft_wrap=True)
+    from macspec.cli.local_models import print_local
+    from macspec.models.stores.listing import local_models
+
+    print_local(local_models(), console)
 
 
 # ---- macspec pull ---------------------------------------------------------------------------

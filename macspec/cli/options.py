@@ -17,14 +17,27 @@ if TYPE_CHECKING:
 Model = Annotated[
     str | None,
     typer.Option(
-        "--model", "-m", help="Target model: a local mlx-lm folder or a downloaded repo id."
+        "--model",
+        "-m",
+        help="Target model: a local mlx-lm folder, a .gguf file, a downloaded repo id, "
+        "ollama:NAME[:TAG] (or NAME:TAG) or lmstudio:PUBLISHER/REPO[/FILE.gguf].",
     ),
 ]
 DraftModel = Annotated[
-    str | None, typer.Option("--draft-model", help="Draft model (shares the target's tokenizer).")
+    str | None,
+    typer.Option(
+        "--draft-model",
+        help="Draft model (shares the target's tokenizer), in the same forms as --model; "
+        "'auto': the best one on this Mac (see `macspec models --local`).",
+    ),
 ]
 PairName = Annotated[
-    str | None, typer.Option("--pair", "-p", help="A pair from the catalog (see `macspec models`).")
+    str | None,
+    typer.Option(
+        "--pair",
+        "-p",
+        help="A pair from the catalog, or TARGET+DRAFT (two model names; see `macspec models`).",
+    ),
 ]
 Temp = Annotated[float, typer.Option("--temp", help="Sampling temperature; 0 is greedy.")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (1 = off).")]

@@ -14,6 +14,7 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.cli.store_params import say_draft_choice, with_store_params
 from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
 
@@ -52,6 +53,7 @@ def read_stdin() -> str:
 
 @app.command()
 def run(
+    ctx: typer.Context,
     prompt: Annotated[str, typer.Argument(help="The prompt; '-' reads it from stdin.")],
     model: opt.Model = None,
     draft_model: opt.DraftModel = None,
@@ -126,6 +128,8 @@ def run(
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
+    config = with_store_params(config, resolved, ctx)  # an Ollama model's params, unless flagged
+    say_draft_choice(resolved)
     # Under mlx.launch every rank answers (the target sharded over them); rank 0 alone writes.
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}

@@ -9,11 +9,13 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.cli.store_params import say_draft_choice, serve_defaults
 from macspec.models.catalog import resolve_models
 
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     model: opt.Model = None,
     draft_model: opt.DraftModel = None,
     pair: opt.PairName = None,
@@ -141,6 +143,8 @@ def serve(
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
+    defaults = serve_defaults(defaults, resolved, ctx)  # an Ollama model's params, unless flagged
+    say_draft_choice(resolved)
     # Under mlx.launch the target is sharded over every rank: rank 0 serves, the others follow.
     with ranks() as here:
         where = {} if here is None else {"group": here.group, "watchdog": here.watchdog}

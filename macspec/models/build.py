@@ -193,6 +193,7 @@ def load_for_drafting(
     source = choose_source(draft, folders)
     sources = set(folders) if source == "auto" else {source}
     loaded = load_drafters(resolved, folders, sources, group, more_drafts=source == "auto")
+    loaded.warnings.extend(resolved.notes)
     context = resolved.pair.context_length if resolved.pair is not None else None
     text = read_config(resolved.target)
     warn_if_over_working_set(loaded, context or text.get("max_position_embeddings"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ SHIPPED_CATALOG = Path(__file__).parent.parent / "models.toml"
 DEFAULT_PAIR = "demo"
 MAX_DRAFT_TOKENS = 64
 """The most guesses per cycle a pair or `--num-draft-tokens` may ask for."""
+AUTO_DRAFT = "auto"
+"""`--draft-model auto`: a draft among the models on this machine (see stores.pairing)."""
 DRAFT_POLICIES = ("auto",)
 """Named draft-length policies a pair may recommend; an integer means a fixed k instead."""
 
@@ -117,6 +119,12 @@ class ResolvedModels:
     more_drafts: tuple[tuple[str, Path], ...] = ()
     """The pair's further draft models (name, folder), for `--draft auto`; none when
     `--draft-model` replaced the pair's drafts."""
+    notes: tuple[str, ...] = ()
+    """What a store said of the models that is not used (a vision projector, say): warnings."""
+    store_params: dict = field(default_factory=dict)
+    """The target's Ollama `params` layer (stop, temperature, ...): defaults flags override."""
+    draft_choice: str | None = None
+    """With `--draft-model auto`: one line saying which draft was picked, and why."""
 
     def head(self, kind: str) -> Path | None:
         """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
@@ -249,11 +257,22 @@ def resolve_models(
     """
     if pair is not None and model is not None:
         raise MacspecError("--pair and --model both given; pass one of them")
+    if pair is not None and "+" in pair:  # TARGET+DRAFT: two names (pair names have no '+')
+        model, draft_model = pair.split("+", 1)
     if model is not None:
         if not need_draft:
             draft_model = None
+        target = hub.local_model_path(model)
+        choice = None
+        if draft_model == AUTO_DRAFT:  # the best draft on this machine, by tokenizer
+            from macspec.models.stores.pairing import resolve_auto
+
+            draft_model, choice = resolve_auto(model, target)
         draft = hub.local_model_path(draft_model) if draft_model is not None else None
-        return ResolvedModels(hub.local_model_path(model), draft, model, draft_model, None)
+        notes, params = _store_facts(model, draft_model)
+        return ResolvedModels(target, draft, model, draft_model, None, (), notes, params, choice)
+    if draft_model == AUTO_DRAFT and need_draft:
+        raise MacspecError("--draft-model auto finds a draft for a --model; a pair has its own")
     catalog = load_catalog()
     if pair is not None:
         chosen = catalog.get(pair)
@@ -278,6 +297,16 @@ def resolve_models(
     else:
         draft_path = None
     return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen, more)
+
+
+def _store_facts(target: str, draft: str | None) -> tuple[tuple[str, ...], dict]:
+    """Notes of both models and the target's params, for names a store resolved (the store
+    lookup is a manifest read: cheap to repeat after `local_model_path`)."""
+    from macspec.models import stores
+
+    found = [stores.find(name) if name is not None else None for name in (target, draft)]
+    notes = tuple(note for entry in found if entry is not None for note in entry.notes)
+    return notes, dict(found[0].params) if found[0] is not None else {}
 
 
 def context_length(resolved: ResolvedModels) -> int | None:

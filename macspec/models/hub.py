@@ -19,10 +19,11 @@ from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
 )
-from huggingface_hub.utils import filter_repo_objects
+from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 from tqdm.std import tqdm as std_tqdm
 
 from macspec.errors import MacspecError
@@ -76,13 +77,14 @@ def is_package_spec(name: str) -> bool:
 
 
 def is_repo_id(name: str) -> bool:
-    """True when `name` looks like `org/name` rather than a local path or package spec."""
-    return (
-        name.count("/") == 1
-        and not name.startswith((".", "/", "~"))
-        and not is_package_spec(name)
-        and all(name.split("/"))
-    )
+    """True when `name` is a valid `org/name` Hugging Face id, not a local path or package spec."""
+    if name.count("/") != 1 or name.startswith((".", "/", "~")) or is_package_spec(name):
+        return False
+    try:
+        validate_repo_id(name)  # what the hub client would refuse later, with a traceback
+    except HFValidationError:
+        return False
+    return True
 
 
 def package_path(name: str) -> Path:
@@ -130,30 +132,44 @@ def find_local(name: str) -> Path | None:
         return None
 
 
+def gguf_model_path(path: Path) -> Path:
+    """The model folder derived from a GGUF file (made on first use, cached by the file's
+    hash; the weights stay in the file): one place for every name that is a GGUF file."""
+    from macspec.models.gguf.folder import gguf_folder
+
+    return gguf_folder(path)
+
+
 def local_model_path(name: str) -> Path:
-    """Resolve a model folder, a `package:` name, or a repo id already in the local HF cache.
+    """Resolve a model folder, a GGUF file, a `package:` name, a store name (Ollama's, LM
+    Studio's) or a repo id already in the local HF cache; anything else is one line.
 
     Never touches the network: running a model must work offline once it is pulled.
     """
+    from macspec.models import stores  # the stores' modules are small, but not needed at import
+
     if is_package_spec(name):
         path = package_path(name)
         if not (path / "config.json").is_file():
             raise MacspecError(f"{name}: not installed with this macspec ({path} has no model)")
         return path
     if not name.strip():
-        raise MacspecError("an empty model name; give a folder, a .gguf file or a repo id")
-    path = Path(name).expanduser()
-    if path.suffix.lower() == ".gguf" or path.is_file():
-        from macspec.models.gguf.folder import gguf_folder, is_gguf_file
-
-        if path.suffix.lower() == ".gguf" or is_gguf_file(path):
-            return gguf_folder(path)  # the folder derived from the file (cached by its hash)
+        raise MacspecError(f"an empty model name; give {stores.FORMS}")
+    found = stores.find(name)  # a store name: its GGUF file or MLX folder, read as any path
+    path = found.path if found is not None else Path(name).expanduser()
+    # A .gguf name (even a missing one: the GGUF reader says what is wrong), or any file with
+    # GGUF's magic (an Ollama blob has no suffix).
+    if path.suffix.lower() == ".gguf" or (path.is_file() and stores.is_gguf(path)):
+        return gguf_model_path(path)
     if path.exists():
         if not (path / "config.json").is_file():
-            raise MacspecError(f"{name}: not a model folder (no config.json)")
+            what = "a file that is not GGUF" if path.is_file() else "a folder with no config.json"
+            raise MacspecError(f"{name}: not a model ({what}); give {stores.FORMS}")
         return path
     if not is_repo_id(name):
-        raise MacspecError(f"{name}: no such model folder")
+        if name.startswith((".", "/", "~")) or name.count("/") > 1:
+            raise MacspecError(f"{name}: no such model folder or file")
+        raise stores.not_a_model(name)
     cached = cached_model_path(name)
     if cached is None:
         raise NotDownloadedError(f"{name} is not downloaded; run: macspec pull {name}")

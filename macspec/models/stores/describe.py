@@ -1,0 +1,125 @@
+"""One model file or folder described from its metadata alone (never its weights): format,
+size, quantization, architecture, context length, memory at that context, and the tokenizer
+fingerprint it is paired by."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from macspec.models.memory import MemoryEstimate, estimate, weight_bytes
+from macspec.models.stores.header import read_header
+
+
+@dataclass(frozen=True)
+class Description:
+    """What a model's metadata says about it."""
+
+    format: str
+    """'gguf' or 'mlx'."""
+    size_bytes: int
+    """The weights on disk (the GGUF file; an MLX folder's safetensors)."""
+    quantization: str | None
+    """GGUF's file type (`Q4_K_M`), or MLX's bits (`4-bit`); None: not quantized / not said."""
+    architecture: str | None
+    """GGUF's `general.architecture`, or config.json's `model_type`."""
+    context_length: int | None
+    """The context window the model was trained for."""
+    memory: MemoryEstimate | None
+    """Weights plus a KV cache at the full context, against this machine's memory."""
+    tokenizer: str | None
+    """The tokenizer fingerprint: a hash of the vocabulary and merges (see `header`)."""
+    vocab_size: int | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def file_type_name(value: Any) -> str | None:
+    """GGUF's `general.file_type` as llama.cpp names it (`MOSTLY_Q4_K_M` -> `Q4_K_M`)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    import gguf  # its enum is the list of names; imported only when a GGUF is described
+
+    try:
+        return gguf.LlamaFileType(value).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except ValueError:
+        return f"type {value}"
+
+
+def describe_gguf(path: Path, file_type: str | None = None) -> Description:
+    """A GGUF file from its header; `file_type` (Ollama's config says it) when the header's
+    own `general.file_type` is missing."""
+    header = read_header(path)
+    size = path.stat().st_size
+    context = _int(header.arch_value("context_length"))
+    heads = _int(header.arch_value("attention.head_count"))
+    config = {
+        "num_hidden_layers": header.arch_value("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": _int(header.arch_value("attention.head_count_kv")) or heads,
+        "head_dim": _int(header.arch_value("attention.key_length")),
+        "hidden_size": header.arch_value("embedding_length"),
+        "sliding_window": _int(header.arch_value("attention.sliding_window")),
+    }
+    memory = estimate(size, [config], context) if context else None
+    return Description(
+        "gguf",
+        size,
+        file_type_name(header.metadata.get("general.file_type")) or file_type,
+        header.architecture,
+        context,
+        memory,
+        header.tokenizer_digest,
+        header.array_lengths.get("tokenizer.ggml.tokens"),
+    )
+
+
+def describe_mlx(folder: Path) -> Description:
+    """An MLX (or Hugging Face) model folder from its config.json and tokenizer.json."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ValueError("config.json is not a JSON object")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    context = _int(text.get("max_position_embeddings"))
+    quantization = config.get("quantization") or config.get("quantization_config")
+    bits = quantization.get("bits") if isinstance(quantization, dict) else None
+    size = weight_bytes(folder)
+    memory = estimate(size, [config], context) if context else None
+    model_type = config.get("model_type")
+    return Description(
+        "mlx",
+        size,
+        f"{bits}-bit" if _int(bits) else None,
+        model_type if isinstance(model_type, str) else None,
+        context,
+        memory,
+        mlx_tokenizer_digest(folder),
+        _int(text.get("vocab_size")),
+    )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")
+"""The files whose bytes make an MLX folder's tokenizer fingerprint."""
+
+
+def mlx_tokenizer_digest(folder: Path) -> str | None:
+    """A fingerprint of the folder's tokenizer files, byte for byte (parsing a 30 MB
+    tokenizer.json would take most of a listing's time); None without one. Conversions of one
+    family copy the same files, so they match; a reformatted copy only misses a pair. Not
+    comparable with a GGUF's (GGUF's own bytes): pairs are made within one format."""
+    h = hashlib.sha256()
+    found = False
+    for name in TOKENIZER_FILES:
+        path = folder / name
+        if path.is_file():
+            found = True
+            h.update(name.encode() + b"\0")
+            with path.open("rb") as file:
+                for block in iter(lambda: file.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest() if found else None
