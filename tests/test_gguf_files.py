@@ -196,6 +196,7 @@ def _bad_files(root):
     (root / "folder.gguf").mkdir()
     config = CONFIGS["llama"]
     write_gguf(random_model(config, seed=0), config, root / "notok.gguf", tokenizer=False)
+    write_gguf(random_model(config, seed=0), config, root / "good.gguf")  # a target for drafts
     return {
         "cut-data.gguf": "truncated",
         "cut-header.gguf": "truncated or damaged GGUF header",
@@ -219,8 +220,8 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path, capsys):
         path = str(tmp_path / "bad" / name) if name else ""
         for flag in ("--model", "--draft-model"):
             args = ["run", "hi", flag, path]
-            if flag == "--draft-model":  # the draft is resolved before the target
-                args += ["--model", str(tmp_path / "bad" / "whole.gguf"), "--draft", "model"]
+            if flag == "--draft-model":  # beside a target that loads
+                args += ["--model", str(tmp_path / "bad" / "good.gguf"), "--draft", "model"]
             code = main(args)
             err = capsys.readouterr().err
             assert code == 2, (name, flag, err)
