@@ -1,5 +1,5 @@
 """Gemma 3 270M Q4_K_M from its four installed parts, and a GGUF file's tensors over a memmap
-(for the K-quant tests and scripts/gguf_kquant_figures.py)."""
+(for the K-quant tests and scripts/figures/gguf_kquant_figures.py)."""
 
 from __future__ import annotations
 
