@@ -17,11 +17,17 @@ if TYPE_CHECKING:
 Model = Annotated[
     str | None,
     typer.Option(
-        "--model", "-m", help="Target model: a local mlx-lm folder or a downloaded repo id."
+        "--model",
+        "-m",
+        help="Target model: a local mlx-lm folder, a .gguf file or a downloaded repo id.",
     ),
 ]
 DraftModel = Annotated[
-    str | None, typer.Option("--draft-model", help="Draft model (shares the target's tokenizer).")
+    str | None,
+    typer.Option(
+        "--draft-model",
+        help="Draft model, a folder or a .gguf file (shares the target's tokenizer).",
+    ),
 ]
 PairName = Annotated[
     str | None, typer.Option("--pair", "-p", help="A pair from the catalog (see `macspec models`).")

@@ -62,15 +62,16 @@ def gguf_folder(path: Path) -> Path:
     if not path.is_file():
         raise MacspecError(f"{path}: no such file")
     path = path.resolve()
-    header = read_header(path)
-    check_architecture(header)
-    check_types(header)
-    config = build_config(header)
+    header = read_header(path, strings=False)  # the vocabulary only when deriving
     identity = header.identity()
     key = hashlib.sha256(f"{FORMAT}\0{path}\0{identity}".encode()).hexdigest()[:32]
     folder = macspec_home() / "gguf" / f"{path.stem[:48]}-{key}"
     if (folder / "config.json").is_file():
         return folder
+    header = read_header(path)
+    check_architecture(header)
+    check_types(header)
+    config = build_config(header)
     config["eos_token_id"] = eos_ids(header)
     config[GGUF_KEY] = {"file": str(path), "identity": identity}
     _write_whole(folder, header, config)

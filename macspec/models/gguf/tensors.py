@@ -3,9 +3,8 @@
 MLX's affine quantization keeps, per group of 32 values, a scale and a bias (value = scale * q
 + bias), q packed little-endian into uint32 words. llama.cpp's Q4_0, Q4_1 and Q8_0 blocks are
 that shape (an fp16 scale, an fp16 minimum or an implied offset, 32 values), so their bits come
-across unchanged: the layout `mx.load` gives them. A file of only `mx.load`'s types is read by
-`mx.load` (one call, in C++); any other file tensor by tensor through `CONVERTERS`, which gives
-the same arrays for those types and is where other types (K-quants) plug in.
+across unchanged: the layout `mx.load` gives them (tests hold the arrays equal). Every file is
+read tensor by tensor through `CONVERTERS`, where other types (K-quants) plug in.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from macspec.errors import MacspecError
 from macspec.models.gguf.header import GGUFHeader
 
 Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
@@ -23,9 +23,6 @@ Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
 {"weight", "scales", "biases"} in MLX's affine layout for a quantized one."""
 
 GROUP_SIZE = 32
-MX_LOAD_TYPES = frozenset({Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q8_0})
-"""What `mx.load` reads from a GGUF itself, bit for bit. (It reads BF16 too, but as float16,
-which loses what lies outside float16's range: BF16 is converted here, kept bfloat16.)"""
 
 
 def _float(dtype: str) -> Converter:
@@ -104,19 +101,24 @@ def unreadable(header: GGUFHeader) -> list[tuple[str, Q]]:
     return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in CONVERTERS]
 
 
-def read_tensors(header: GGUFHeader, use_mx_load: bool = True) -> dict[str, mx.array]:
+def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     """Every tensor, by GGUF name (`blk.0.attn_q.weight`, with `.scales`/`.biases` beside a
-    quantized one), evaluated. `use_mx_load` False converts even what `mx.load` would read
-    (tests compare the two)."""
-    if use_mx_load and all(t.qtype in MX_LOAD_TYPES for t in header.tensors.values()):
-        return mx.load(str(header.path))
+    quantized one), evaluated. Read tensor by tensor rather than by `mx.load`, which holds
+    the whole file twice while it reads and gives BF16 as float16."""
     out: dict[str, mx.array] = {}
     with open(header.path, "rb") as file:
         for tensor in header.tensors.values():
             file.seek(tensor.start)
             raw = np.frombuffer(file.read(tensor.nbytes), np.uint8)
+            if raw.size < tensor.nbytes:  # cut short since its header was read
+                raise MacspecError(f"{header.path}: truncated at tensor {tensor.name}")
             parts = CONVERTERS[tensor.qtype](raw, tensor.shape)
             stem = tensor.name.removesuffix(".weight")
-            out.update({stem + "." + part: value for part, value in parts.items()})
+            out.update(
+                {
+                    tensor.name if part == "weight" else f"{stem}.{part}": value
+                    for part, value in parts.items()
+                }
+            )
             mx.eval(list(parts.values()))  # one tensor's conversion at a time: peak memory
     return out
