@@ -48,6 +48,16 @@ CONFIGS = {
         rope_theta=1_000_000.0,
     ),
 }
+CONFIGS["llama3"] = dict(  # Llama 3.1's rope scaling: a rope_freqs tensor in the file
+    CONFIGS["llama"],
+    rope_scaling=dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=64,
+    ),
+)
 for _config in CONFIGS.values():
     _config.setdefault("rope_theta", 10_000.0)
 PROMPT = [256, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 258, 65, 66, 67]
