@@ -176,6 +176,24 @@ def test_each_type_converts_to_mx_loads_arrays(kind, tmp_path):
         assert mx.array_equal(converted[name], array), name
 
 
+def test_derived_folder_is_kept_and_follows_the_file(tmp_path, monkeypatch):
+    config, path = CONFIGS["llama"], tmp_path / "model.gguf"
+    first = random_model(config, seed=1)
+    folder = hub.local_model_path(str(write_gguf(first, config, path)))
+
+    def no_derivation(*args):
+        raise AssertionError("derived again")
+
+    with monkeypatch.context() as patch:  # found by the file's hash: nothing derived again
+        patch.setattr("macspec.models.gguf.folder.write_tokenizer", no_derivation)
+        assert hub.local_model_path(str(path)) == folder
+    second = random_model(config, seed=2)  # the same shapes and metadata, other weights
+    changed = hub.local_model_path(str(write_gguf(second, config, path)))
+    assert changed != folder
+    ids = mx.array([PROMPT])
+    assert mx.allclose(load_model(changed, "model")[0](ids), second(ids), atol=1e-4, rtol=1e-4)
+
+
 # -- bad input: one line, exit 2, nothing half-written -------------------------------------------
 def _tiny_file(path, *, arch="llama", odd_tensor=None):
     """A file with a tokenizer and a tensor but no model: only for what is refused first."""
