@@ -16,6 +16,7 @@ from mlx_lm.utils import _get_classes
 from tiny import VOCAB, tokenizer, write_tokenizer
 
 from macspec.cli import main
+from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.gguf.header import read_header
 from macspec.models.gguf.tensors import read_tensors
@@ -192,6 +193,8 @@ def test_derived_folder_is_kept_and_follows_the_file(tmp_path, monkeypatch):
     assert changed != folder
     ids = mx.array([PROMPT])
     assert mx.allclose(load_model(changed, "model")[0](ids), second(ids), atol=1e-4, rtol=1e-4)
+    with pytest.raises(MacspecError, match="changed since it was read"):
+        load_model(folder, "model")  # the old folder never reads the new weights
 
 
 # -- bad input: one line, exit 2, nothing half-written -------------------------------------------

@@ -93,11 +93,17 @@ def _write_whole(folder: Path, header: GGUFHeader, config: dict[str, Any]) -> No
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def gguf_source(folder: Path) -> Path | None:
-    """The GGUF file a derived folder reads its weights from, or None for any other folder."""
+def gguf_entry(folder: Path) -> dict[str, str] | None:
+    """A derived folder's `gguf` entry ({"file", "identity"}), or None for any other folder."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     entry = config.get(GGUF_KEY) if isinstance(config, dict) else None
-    return Path(entry["file"]) if isinstance(entry, dict) and "file" in entry else None
+    return entry if isinstance(entry, dict) and "file" in entry else None
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file a derived folder reads its weights from, or None for any other folder."""
+    entry = gguf_entry(folder)
+    return Path(entry["file"]) if entry is not None else None
