@@ -24,13 +24,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 LOAD_ONE = """
 import resource, sys, time
-start = time.perf_counter()
+from mlx_lm import load
+from macspec.models import hub
+from macspec.models.loader import load_model
+start = time.perf_counter()  # the load alone: both sides have imported the same modules
 if sys.argv[1] == "gguf":
-    from macspec.models import hub
-    from macspec.models.loader import load_model
     model, tok = load_model(hub.local_model_path(sys.argv[2]), "model")
 else:
-    from mlx_lm import load
     model, tok = load(sys.argv[2])
 seconds = time.perf_counter() - start
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
