@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import math
 from pathlib import Path
 
 import mlx.core as mx
@@ -158,11 +159,33 @@ def write_gguf(
             array = array + 1  # Gemma3Model.modify_tensors: llama.cpp multiplies by w, not 1 + w
         kind = float_type if array.ndim == 2 else GGMLQuantizationType.F32  # norms stay F32
         writer.add_tensor(gguf_name(name, arch), _encoded(array, kind), raw_dtype=kind)
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def llama3_rope_factors(config: dict) -> np.ndarray:
+    """LlamaModel.generate_extra_tensors: Llama 3.1's scaling as one factor per frequency."""
+    scaling, dim = config["rope_scaling"], config["hidden_size"] // config["num_attention_heads"]
+    freqs = 1.0 / (config["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            factors.append(1)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
 
 
 def _encoded(array: np.ndarray, kind) -> np.ndarray:

@@ -16,6 +16,7 @@ from mlx_lm.utils import _get_classes
 from tiny import VOCAB, tokenizer, write_tokenizer
 
 from macspec.cli import main
+from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.gguf.header import read_header
 from macspec.models.gguf.tensors import read_tensors
@@ -48,6 +49,16 @@ CONFIGS = {
         rope_theta=1_000_000.0,
     ),
 }
+CONFIGS["llama3"] = dict(  # Llama 3.1's rope scaling: a rope_freqs tensor in the file
+    CONFIGS["llama"],
+    rope_scaling=dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=64,
+    ),
+)
 for _config in CONFIGS.values():
     _config.setdefault("rope_theta", 10_000.0)
 PROMPT = [256, 72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100, 33, 10, 258, 65, 66, 67]
@@ -155,7 +166,7 @@ def test_each_type_converts_to_mx_loads_arrays(kind, tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     header = read_header(tmp_path / "t.gguf")
-    loaded, converted = mx.load(str(tmp_path / "t.gguf")), read_tensors(header, use_mx_load=False)
+    loaded, converted = mx.load(str(tmp_path / "t.gguf")), read_tensors(header)
     assert loaded.keys() == converted.keys()
     for name, array in loaded.items():
         if kind == Q.BF16:  # mx.load gives BF16 as float16; kept as the file's own bfloat16
@@ -164,7 +175,26 @@ def test_each_type_converts_to_mx_loads_arrays(kind, tmp_path):
             array = array.astype(mx.bfloat16)
         assert converted[name].dtype == array.dtype
         assert mx.array_equal(converted[name], array), name
-    assert read_tensors(header).keys() == loaded.keys()
+
+
+def test_derived_folder_is_kept_and_follows_the_file(tmp_path, monkeypatch):
+    config, path = CONFIGS["llama"], tmp_path / "model.gguf"
+    first = random_model(config, seed=1)
+    folder = hub.local_model_path(str(write_gguf(first, config, path)))
+
+    def no_derivation(*args):
+        raise AssertionError("derived again")
+
+    with monkeypatch.context() as patch:  # found by the file's hash: nothing derived again
+        patch.setattr("macspec.models.gguf.folder.write_tokenizer", no_derivation)
+        assert hub.local_model_path(str(path)) == folder
+    second = random_model(config, seed=2)  # the same shapes and metadata, other weights
+    changed = hub.local_model_path(str(write_gguf(second, config, path)))
+    assert changed != folder
+    ids = mx.array([PROMPT])
+    assert mx.allclose(load_model(changed, "model")[0](ids), second(ids), atol=1e-4, rtol=1e-4)
+    with pytest.raises(MacspecError, match="changed since it was read"):
+        load_model(folder, "model")  # the old folder never reads the new weights
 
 
 # -- bad input: one line, exit 2, nothing half-written -------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from ggufkit import llama_reference_folder, smollm2_path
 from losslesskit import reference
 from mlx_lm.utils import load_model
+from servekit import KEY, client
 
 from macspec.cli import main
 from macspec.engine.generate.loop import Engine, GenerationConfig
@@ -20,6 +21,8 @@ from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels
 from macspec.models.gguf.header import read_header
 from macspec.models.gguf.tensors import read_tensors
+from macspec.serve.backend import Backend
+from macspec.serve.server import ServerThread
 
 MAX_TOKENS = 6
 QUESTION = "What is the capital of France?"
@@ -80,10 +83,10 @@ def test_tokenizer_and_template_come_from_the_metadata(smollm2):
 
 def test_weights_are_mx_loads_bit_for_bit():
     header = read_header(smollm2_path())
-    direct, converted = read_tensors(header), read_tensors(header, use_mx_load=False)
-    assert direct.keys() == converted.keys()
+    loaded, converted = mx.load(str(smollm2_path())), read_tensors(header)
+    assert loaded.keys() == converted.keys()
     assert {t.qtype.name for t in header.tensors.values()} == {"F32", "Q4_1", "Q8_0"}
-    for name, array in direct.items():
+    for name, array in loaded.items():
         assert converted[name].dtype == array.dtype and mx.array_equal(converted[name], array), name
 
 
@@ -130,3 +133,21 @@ def test_run_cli_answers_from_the_file(smollm2, answers, capsys):
     assert record["prompt_tokens"] == chat(loaded.tokenizer, QUESTION)
     assert record["tokens"] == answers[QUESTION]
     assert "Paris" in record["text"]
+
+
+def test_serve_answers_the_openai_sdk(smollm2, answers):
+    _, _, loaded, _ = smollm2
+    engine = Engine(loaded.target, loaded.tokenizer, make_drafter("lookup", loaded), FixedPolicy(4))
+    backend = Backend(engine, loaded.tokenizer, "smollm2", aliases=(str(smollm2_path()),), k=4)
+    with ServerThread(backend, api_key=KEY) as server:
+        reply = client(server).chat.completions.create(
+            model=str(smollm2_path()),
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": QUESTION},
+            ],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+    assert reply.choices[0].message.content == loaded.tokenizer.decode(answers[QUESTION])
+    assert reply.usage.completion_tokens == len(answers[QUESTION])

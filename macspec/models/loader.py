@@ -93,7 +93,7 @@ def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
     if gguf_source(path) is not None:
         if group is not None:
             raise MacspecError(f"{role} {gguf_source(path)}: a GGUF model cannot be sharded yet")
-        return load_gguf_model(path), draft_tokenizer(path)
+        return load_gguf_model(path), draft_tokenizer(path, role)
     try:
         if group is not None:
             return load_sharded(path, group)
@@ -131,13 +131,13 @@ def load_weights(path: Path, role: str) -> nn.Module:
         raise cannot_load(exc, path, role) from None
 
 
-def draft_tokenizer(path: Path) -> object:
+def draft_tokenizer(path: Path, role: str = "draft model") -> object:
     """A model folder's tokenizer, with its config's end-of-sequence ids (as mlx_lm.load)."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         return load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except LOAD_ERRORS as exc:
-        raise cannot_load(exc, path, "draft model") from None
+        raise cannot_load(exc, path, role) from None
 
 
 def _is_load_error(exc: RuntimeError) -> bool:

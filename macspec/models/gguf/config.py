@@ -113,7 +113,16 @@ def build_config(header: GGUFHeader) -> dict[str, Any]:
         config["attention_bias"] = "blk.0.attn_q.bias" in header.tensors
         if ROPE_FREQS in header.tensors:
             # Llama 3.1: a Llama3RoPE whose frequencies are then set from the file's factors.
-            config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+            # (The values are transformers' defaults: it checks them when reading the config.)
+            config["rope_scaling"] = {
+                "rope_type": "llama3",
+                "factor": float(meta.get(f"{arch}.rope.scaling.factor", 8.0)),
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": int(
+                    meta.get(f"{arch}.rope.scaling.original_context_length", 8192)
+                ),
+            }
     if arch == "gemma3":
         config["sliding_window"] = int(key("attention.sliding_window", 512))
         config["sliding_window_pattern"] = GEMMA3_SLIDING_PATTERN

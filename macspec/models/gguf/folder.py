@@ -62,15 +62,16 @@ def gguf_folder(path: Path) -> Path:
     if not path.is_file():
         raise MacspecError(f"{path}: no such file")
     path = path.resolve()
-    header = read_header(path)
-    check_architecture(header)
-    check_types(header)
-    config = build_config(header)
+    header = read_header(path, strings=False)  # the vocabulary only when deriving
     identity = header.identity()
     key = hashlib.sha256(f"{FORMAT}\0{path}\0{identity}".encode()).hexdigest()[:32]
     folder = macspec_home() / "gguf" / f"{path.stem[:48]}-{key}"
     if (folder / "config.json").is_file():
         return folder
+    header = read_header(path)
+    check_architecture(header)
+    check_types(header)
+    config = build_config(header)
     config["eos_token_id"] = eos_ids(header)
     config[GGUF_KEY] = {"file": str(path), "identity": identity}
     _write_whole(folder, header, config)
@@ -92,11 +93,17 @@ def _write_whole(folder: Path, header: GGUFHeader, config: dict[str, Any]) -> No
         shutil.rmtree(partial, ignore_errors=True)
 
 
-def gguf_source(folder: Path) -> Path | None:
-    """The GGUF file a derived folder reads its weights from, or None for any other folder."""
+def gguf_entry(folder: Path) -> dict[str, str] | None:
+    """A derived folder's `gguf` entry ({"file", "identity"}), or None for any other folder."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     entry = config.get(GGUF_KEY) if isinstance(config, dict) else None
-    return Path(entry["file"]) if isinstance(entry, dict) and "file" in entry else None
+    return entry if isinstance(entry, dict) and "file" in entry else None
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file a derived folder reads its weights from, or None for any other folder."""
+    entry = gguf_entry(folder)
+    return Path(entry["file"]) if entry is not None else None

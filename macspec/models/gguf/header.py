@@ -78,8 +78,8 @@ class GGUFHeader:
 class _Cursor:
     """Reads little-endian values from the mapped file, failing as 'truncated' past its end."""
 
-    def __init__(self, data: mmap.mmap | bytes):
-        self.data, self.pos = data, 0
+    def __init__(self, data: mmap.mmap | bytes, strings: bool = True):
+        self.data, self.pos, self.strings = data, 0, strings
 
     def take(self, fmt: str) -> Any:
         (value,) = struct.unpack_from(fmt, self.data, self.pos)
@@ -102,6 +102,11 @@ class _Cursor:
         if kind != _ARRAY:
             raise ValueError(f"unknown metadata value type {kind}")
         item, count = self.take("<I"), self.take("<Q")
+        if item == _STRING and not self.strings:  # skipped: a vocabulary is 100k strings
+            for _ in range(count):
+                length = self.take("<Q")
+                self.pos += length
+            return count
         if item == _STRING:
             return [self.string() for _ in range(count)]
         if item not in _ARRAYS:
@@ -115,9 +120,10 @@ class _Cursor:
         return array
 
 
-def read_header(path: Path) -> GGUFHeader:
+def read_header(path: Path, strings: bool = True) -> GGUFHeader:
     """The header of a GGUF file, or one line saying why it is none, is cut short, or is a
-    version this cannot read."""
+    version this cannot read. `strings` False leaves each string array as its length (what
+    loading the weights needs, without the vocabulary)."""
     try:
         size = path.stat().st_size
         with open(path, "rb") as file:
@@ -130,15 +136,15 @@ def read_header(path: Path) -> GGUFHeader:
                     f"{path}: GGUF version {version}; macspec reads versions 2 and 3"
                 )
             with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                return _parse(path, data, version, size)
+                return _parse(path, data, version, size, strings)
     except OSError as exc:
         raise MacspecError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except (struct.error, ValueError, UnicodeDecodeError) as exc:
         raise MacspecError(f"{path}: truncated or damaged GGUF header ({exc})") from None
 
 
-def _parse(path: Path, data: mmap.mmap, version: int, size: int) -> GGUFHeader:
-    cursor = _Cursor(data)
+def _parse(path: Path, data: mmap.mmap, version: int, size: int, strings: bool) -> GGUFHeader:
+    cursor = _Cursor(data, strings)
     cursor.pos = 8
     tensor_count, key_count = cursor.take("<Q"), cursor.take("<Q")
     metadata = {}

@@ -3,9 +3,8 @@
 MLX's affine quantization keeps, per group of 32 values, a scale and a bias (value = scale * q
 + bias), q packed little-endian into uint32 words. llama.cpp's Q4_0, Q4_1 and Q8_0 blocks are
 that shape (an fp16 scale, an fp16 minimum or an implied offset, 32 values), so their bits come
-across unchanged: the layout `mx.load` gives them. A file of only `mx.load`'s types is read by
-`mx.load` (one call, in C++); any other file tensor by tensor through `CONVERTERS`, which gives
-the same arrays for those types and is where other types (K-quants) plug in.
+across unchanged: the layout `mx.load` gives them (tests hold the arrays equal). Every file is
+read tensor by tensor through `CONVERTERS`, where other types (K-quants) plug in.
 """
 
 from __future__ import annotations
@@ -18,16 +17,13 @@ from gguf import GGMLQuantizationType as Q
 
 from macspec.errors import MacspecError
 from macspec.models.gguf import kquants
-from macspec.models.gguf.header import GGUFHeader
+from macspec.models.gguf.header import GGUFHeader, TensorEntry
 
 Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
 """A tensor's bytes (uint8) and row-major shape -> {"weight": ...} for a float tensor, or
 {"weight", "scales", "biases"} in MLX's affine layout for a quantized one."""
 
 GROUP_SIZE = 32
-MX_LOAD_TYPES = frozenset({Q.F32, Q.F16, Q.Q4_0, Q.Q4_1, Q.Q8_0})
-"""What `mx.load` reads from a GGUF itself, bit for bit. (It reads BF16 too, but as float16,
-which loses what lies outside float16's range: BF16 is converted here, kept bfloat16.)"""
 
 
 def _float(dtype: str) -> Converter:
@@ -41,52 +37,52 @@ def _bf16(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     return {"weight": mx.array(raw.view("<u2").reshape(shape)).view(mx.bfloat16)}
 
 
-def pack(q: np.ndarray, bits: int) -> np.ndarray:
-    """Values below 2**bits (uint8, [rows, n]) packed as MLX packs them, for bits 4 and 8."""
-    if bits == 4:
-        q = q[..., 0::2] | (q[..., 1::2] << 4)
-    return np.ascontiguousarray(q).view("<u4")
-
-
-def _blocks(raw: np.ndarray, shape: tuple[int, ...], block_bytes: int) -> np.ndarray:
+def _blocks(raw: np.ndarray, shape: tuple[int, ...], block_bytes: int) -> mx.array:
+    """The tensor's blocks as an MLX array [rows, groups, block bytes]: the bit work below runs
+    in MLX (on the GPU of a Mac), one copy out of the file's bytes."""
     rows = int(np.prod(shape[:-1], dtype=np.int64))
-    return raw.reshape(rows, shape[-1] // GROUP_SIZE, block_bytes)
+    return mx.array(raw).reshape(rows, shape[-1] // GROUP_SIZE, block_bytes)
 
 
 def _affine(
-    q: np.ndarray, scales: np.ndarray, biases: np.ndarray, bits: int, shape: tuple[int, ...]
+    packed: mx.array, scales: mx.array, biases: mx.array, shape: tuple[int, ...]
 ) -> dict[str, mx.array]:
-    rows = q.shape[0]
+    """MLX's arrays from per-group packed bytes ([rows, groups, bytes]), scales and biases."""
     return {
-        "weight": mx.array(pack(q.reshape(rows, -1), bits).reshape(*shape[:-1], -1)),
-        "scales": mx.array(scales.reshape(*shape[:-1], -1)),
-        "biases": mx.array(biases.reshape(*shape[:-1], -1)),
+        "weight": mx.contiguous(packed).view(mx.uint32).reshape(*shape[:-1], -1),
+        "scales": scales.reshape(*shape[:-1], -1),
+        "biases": biases.reshape(*shape[:-1], -1),
     }
 
 
-def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """A 4-bit block's 16 bytes as its 32 values in order: the low nibbles are values 0-15."""
-    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+def _nibbles_packed(qs: mx.array) -> mx.array:
+    """A 4-bit block's 16 bytes (values 0-15 in the low nibbles, 16-31 in the high ones) as
+    MLX packs its 32 values in order: two a byte, the first in the low nibble."""
+    even, odd = qs[..., 0::2], qs[..., 1::2]
+    return mx.concatenate([(even & 0x0F) | (odd << 4), (even >> 4) | (odd & 0xF0)], axis=-1)
+
+
+def _half(blocks: mx.array, start: int) -> mx.array:
+    """The fp16 each block holds at byte `start` (its scale, or its minimum)."""
+    return mx.contiguous(blocks[..., start : start + 2]).view(mx.float16)[..., 0]
 
 
 def _q4_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     blocks = _blocks(raw, shape, 18)
-    scales = blocks[..., :2].copy().view("<f2")[..., 0]
-    return _affine(_nibbles(blocks[..., 2:]), scales, scales * np.float16(-8), 4, shape)
+    scales = _half(blocks, 0)
+    return _affine(_nibbles_packed(blocks[..., 2:]), scales, scales * -8, shape)
 
 
 def _q4_1(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     blocks = _blocks(raw, shape, 20)
-    scales = blocks[..., :2].copy().view("<f2")[..., 0]
-    minimums = blocks[..., 2:4].copy().view("<f2")[..., 0]
-    return _affine(_nibbles(blocks[..., 4:]), scales, minimums, 4, shape)
+    return _affine(_nibbles_packed(blocks[..., 4:]), _half(blocks, 0), _half(blocks, 2), shape)
 
 
 def _q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     blocks = _blocks(raw, shape, 34)
-    scales = blocks[..., :2].copy().view("<f2")[..., 0]
-    q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
-    return _affine(q, scales, scales * np.float16(-128), 8, shape)
+    scales = _half(blocks, 0)
+    q = blocks[..., 2:] ^ 0x80  # int8 x as uint8 x + 128: its sign bit flipped
+    return _affine(q, scales, scales * -128, shape)
 
 
 def _kquant(qtype: Q) -> Converter:
@@ -139,19 +135,45 @@ def unreadable(header: GGUFHeader) -> list[tuple[str, Q]]:
     return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in CONVERTERS]
 
 
-def read_tensors(header: GGUFHeader, use_mx_load: bool = True) -> dict[str, mx.array]:
+CHUNK_BYTES = 8 << 20
+"""A large tensor is converted this many of its bytes at a time (whole rows): what converting
+holds besides the weights stays small."""
+
+
+def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     """Every tensor, by GGUF name (`blk.0.attn_q.weight`, with `.scales`/`.biases` beside a
-    quantized one), evaluated. `use_mx_load` False converts even what `mx.load` would read
-    (tests compare the two)."""
-    if use_mx_load and all(t.qtype in MX_LOAD_TYPES for t in header.tensors.values()):
-        return mx.load(str(header.path))
+    quantized one), evaluated. Read tensor by tensor rather than by `mx.load`, which holds
+    the whole file twice while it reads and gives BF16 as float16."""
     out: dict[str, mx.array] = {}
     with open(header.path, "rb") as file:
         for tensor in header.tensors.values():
-            file.seek(tensor.start)
-            raw = np.frombuffer(file.read(tensor.nbytes), np.uint8)
-            parts = CONVERTERS[tensor.qtype](raw, tensor.shape)
             stem = tensor.name.removesuffix(".weight")
-            out.update({stem + "." + part: value for part, value in parts.items()})
-            mx.eval(list(parts.values()))  # one tensor's conversion at a time: peak memory
+            for part, value in _convert(file, tensor).items():
+                out[tensor.name if part == "weight" else f"{stem}.{part}"] = value
+    return out
+
+
+def _convert(file, tensor: TensorEntry) -> dict[str, mx.array]:
+    """One tensor through its converter, a slab of whole rows at a time."""
+    rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
+    row_bytes = tensor.nbytes // rows
+    step = max(1, CHUNK_BYTES // max(1, row_bytes))
+    out: dict[str, mx.array] = {}
+    file.seek(tensor.start)
+    for first in range(0, rows, step):
+        count = min(step, rows - first)
+        raw = np.frombuffer(file.read(count * row_bytes), np.uint8)
+        if raw.size < count * row_bytes:  # cut short since its header was read
+            raise MacspecError(f"{file.name}: truncated at tensor {tensor.name}")
+        shape = (count, *tensor.shape[1:]) if len(tensor.shape) > 1 else tensor.shape
+        slab = CONVERTERS[tensor.qtype](raw, shape)
+        if count == rows:
+            out = slab
+        else:  # written into the whole tensor in place (its buffer donated to each update)
+            for part, value in slab.items():
+                if part not in out:
+                    out[part] = mx.zeros((rows, *value.shape[1:]), value.dtype)
+                out[part][first : first + count] = value
+        mx.eval(list(out.values()))
+        mx.clear_cache()  # the steps' buffers back to the system, not kept for reuse
     return out
