@@ -2,6 +2,9 @@
 
 EXIT_USER_ERROR = 2
 """Bad input or environment: one line on stderr."""
+EXIT_INCOMPLETE = 3
+"""`run --json-schema/--regex/--grammar`: the answer ended (--max-tokens, the context, a stop
+text) before its grammar was complete, so it does not match it; said in one line on stderr."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C (128 + SIGINT). A command that says so itself (a stats line) ends with QuietExit(130)."""
 

@@ -62,6 +62,20 @@ def make_backend(target: Path, draft: Path, **kwargs) -> Backend:
     return Backend(engine, tokenizer, "tiny", aliases=(str(target),), k=3, **kwargs)
 
 
+def save_tool_pair(root: Path) -> tuple[Path, Path]:
+    """The tool model (tests/toolkit.py) and its draft, saved under `root`."""
+    from toolkit import save_tool_draft, save_tool_model
+
+    return save_tool_model(root / "target"), save_tool_draft(root / "draft")
+
+
+def tool_backend(folders: tuple[Path, Path], **kwargs) -> Backend:
+    """The tool model (tests/toolkit.py) drafted by its draft, served as 'tool-model'."""
+    loaded = open_models(resolve_models(None, str(folders[0]), str(folders[1])), "3")
+    kwargs.setdefault("defaults", Defaults(max_tokens=64))
+    return Backend(loaded.engine, loaded.tokenizer, "tool-model", **kwargs)
+
+
 class Expected:
     """Greedy answers from an engine of its own: what the server must send back."""
 

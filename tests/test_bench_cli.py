@@ -303,7 +303,7 @@ def test_auto_warm_keeps_its_policy_across_runs(pair, tmp_path, monkeypatch):
 def test_overhead_script_prints_the_goals(folders, capsys):
     import importlib.util
 
-    path = Path(__file__).parents[1] / "scripts" / "bench_overhead.py"
+    path = Path(__file__).parents[1] / "scripts" / "figures" / "bench_overhead.py"
     spec = importlib.util.spec_from_file_location("bench_overhead", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -363,10 +363,10 @@ def test_pair_status_of_a_downloaded_pair(cached_model, tiny_model_folder):
     assert status.memory.kv_cache_bytes == 2 * kv
 
 
-def test_the_readme_example_pair_is_a_valid_user_pair(hf_cache):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = re.findall(r"```toml\n(.*?)```", readme, re.S)
-    (example,) = [block for block in blocks if "[[pair]]" in block]  # others: Codex's config
+def test_the_docs_example_pair_is_a_valid_user_pair(hf_cache):
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", guide, re.S)
+    (example,) = [block for block in blocks if "[[pair]]" in block]
     user_catalog(example)
     pair = load_catalog().get("my-qwen")
     assert (pair.target, pair.draft) == (

@@ -1,6 +1,6 @@
 """The shipped demo pair (macspec/demo): mlx-lm loads it, 4-bit, one tokenizer, sane greedy output.
 
-The pair is trained by scripts/train_demo_pair.py; the prompts are its held-out split.
+The pair is trained by scripts/train/train_demo_pair.py; the prompts are its held-out split.
 """
 
 import json

@@ -366,12 +366,13 @@ def test_sources_line_names_each_source_unless_a_model_drafted_alone():
 
 
 def test_match_origin_script_splits_kept_guesses_by_where_they_were_found(capsys):
-    """scripts/lookup_match_origin.py on the demo pair: a row per grounded prompt, totals add up."""
+    """scripts/figures/lookup_match_origin.py on the demo pair: a row per grounded prompt, totals
+    add up."""
     import importlib.util
 
     from macspec.bench.prompts import GROUNDED
 
-    path = Path(__file__).parents[1] / "scripts" / "lookup_match_origin.py"
+    path = Path(__file__).parents[1] / "scripts" / "figures" / "lookup_match_origin.py"
     spec = importlib.util.spec_from_file_location("lookup_match_origin", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -17,6 +17,7 @@ from macspec.cli import main
 from macspec.cli.app import app
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.grammar import Grammar
+from macspec.errors import EXIT_INCOMPLETE
 from macspec.models.templates import encode_prompt
 
 DEMO = Path(macspec.__file__).parent / "demo"
@@ -80,16 +81,39 @@ def test_regex_and_lark_answers_match(capsys, tmp_path):
     assert out.strip() in {"yes", "no", "maybe"}
 
 
-def test_a_grammar_max_tokens_cuts_says_length(capsys, tmp_path):
+def test_a_grammar_max_tokens_cuts_says_so_and_exits_3(capsys, tmp_path):
     schema = tmp_path / "person.json"
     schema.write_text(json.dumps(SCHEMA))
     code, out, err = invoke(
         capsys, "run", "a person", *PAIR, "--json-schema", schema, "--max-tokens", 3, "--json"
     )
-    assert code == 0, err
+    assert code == EXIT_INCOMPLETE == 3, err
     record = json.loads(out)
     assert record["finish_reason"] == "length" and len(record["tokens"]) == 3
     assert record["text"].startswith('{"')
+    assert record["grammar_complete"] is False
+    cut = "the answer was cut at --max-tokens (3) before the JSON schema was complete"
+    assert f"macspec: {cut}: it is not valid JSON" in err and cut in record["incomplete"]
+    code, out, err = invoke(capsys, "run", "a person", *PAIR, "--json-schema", schema,
+                            "--max-tokens", 3)  # fmt: skip
+    assert code == 3 and err.strip().splitlines()[-1] == f"macspec: {cut}: it is not valid JSON"
+    # Room to finish: complete, exit 0, nothing said.
+    code, out, err = invoke(capsys, "run", "a person", *PAIR, "--json-schema", schema,
+                            "--max-tokens", 64, "--json")  # fmt: skip
+    assert code == 0 and json.loads(out)["grammar_complete"] is True and "cut" not in err
+
+
+def test_forced_ids_are_counted_apart_from_guesses(capsys):
+    """--no-draft drafts nothing: a regex's forced ids are 'forced', never guesses."""
+    pattern = "[0-9]{3}-[0-9]{4}"
+    code, out, err = invoke(capsys, "run", "a number", *PAIR, "--no-draft", "--regex", pattern,
+                            "--json")  # fmt: skip
+    stats = json.loads(out)["stats"]
+    assert code == 0 and re.fullmatch(pattern, json.loads(out)["text"])
+    assert stats["draft_proposed"] == 0 and stats["acceptance_rate"] is None
+    assert stats["forced_tokens"] > 0 and "grammar" not in stats["by_source"]
+    code, out, err = invoke(capsys, "run", "a number", *PAIR, "--no-draft", "--regex", pattern)
+    assert "acceptance" not in err and f"{stats['forced_tokens']} forced" in err
 
 
 def bad_inputs(folder: Path) -> list[tuple[list, str]]:

@@ -5,9 +5,10 @@ Qwen3 tool calls, for the agent tests.
 chat template is one tool call in Qwen3's format (`<tool_call>\n{json}\n</tool_call>`, then
 `<|im_end|>`): the call depends on which agent's name is in the context (AGENT_CALLS); when the
 last message is a tool result it answers `Done.` instead. Trained by
-scripts/train_tool_fixture.py; only the trained weights are committed (tests/fixtures/tool_model),
-the rest is rebuilt here: fixed-seed random rows of the input embedding (the training used the
-same, frozen) and zero rows of lm_head for ids the model never says (their logit is 0).
+scripts/train/train_tool_fixture.py; only the trained weights are committed
+(tests/fixtures/tool_model), the rest is rebuilt here: fixed-seed random rows of the input
+embedding (the training used the same, frozen) and zero rows of lm_head for ids the model never
+says (their logit is 0).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared by the tree tests and scripts/tree_figures.py: fixtures whose drafters give
+"""Shared by the tree tests and scripts/figures/tree_figures.py: fixtures whose drafters give
 candidates (a draft model, an MTP head on an attention target, a block drafter with known
 marginals)."""
 

@@ -108,7 +108,8 @@ JsonSchema = Annotated[
     typer.Option(
         "--json-schema",
         help="Constrain the answer to this JSON schema (a .json file): it is compact JSON "
-        "that fits it.",
+        "that fits it, unless cut before it was complete (by --max-tokens, say): then run says "
+        "so and exits 3.",
     ),
 ]
 Regex = Annotated[

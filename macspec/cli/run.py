@@ -14,7 +14,7 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
-from macspec.errors import EXIT_INTERRUPTED, QuietExit
+from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def answer(
     engine, loaded = build_engine(resolved, *drafting, **where, draft_tree=draft_tree)
     if disk is not None and not where:  # a sharded target's caches are not stored
         attach_pair(engine, resolved, disk)
-        show_prompt_cache_warnings()
+        show_warnings()
     unused = [] if raw else unused_template_options(loaded.tokenizer, system, think)
     for warning in [*loaded.warnings, *unused]:
         print(f"macspec: warning: {warning}", file=sys.stderr)
@@ -187,13 +187,19 @@ def answer(
     assert done is not None
     # Text held back until the end (a possible stop string, a possible tag), split too.
     ending = [done.tail] if splitter is None else [splitter.feed(done.tail), splitter.flush()]
+    cut = cut_before_complete(done, config)
+    code = 0 if cut is None else EXIT_INCOMPLETE
     try:
         if as_json:
             record = run_record(done, prompt_ids, resolved, engine)
             if splitter is not None:  # the answer and the reasoning apart (--max-tokens: both)
                 record.update(text=splitter.answer, reasoning=splitter.reasoning.rstrip("\n"))
+            if config.grammar is not None:
+                record.update(grammar_complete=cut is None, incomplete=cut)
             out.emit_line(json.dumps(record))
-            return 0
+            if cut is not None:
+                print(f"macspec: {cut}", file=sys.stderr)
+            return code
         for part in ending:
             out.write(part)
         out.close()
@@ -205,21 +211,43 @@ def answer(
     if not done.tokens and done.finish_reason == "stop":
         hint = " (--raw sends the prompt without the chat template)" if raw else ""
         print(f"macspec: the model ended its answer immediately{hint}", file=sys.stderr)
-    return 0
+    if cut is not None:
+        print(f"macspec: {cut}", file=sys.stderr)
+    return code
 
 
-def show_prompt_cache_warnings() -> None:
-    """The prompt cache's warnings (a damaged block dropped, a full disk) as macspec's own
-    warning lines on stderr."""
+GRAMMAR_NAMES = {"json_schema": "JSON schema", "json": "JSON", "regex": "regex", "lark": "grammar"}
+CUT_AT = {"length": "--max-tokens", "context": "the model's context window",
+          "stop_string": "a --stop text", "cancelled": "a cancel"}  # fmt: skip
+
+
+def cut_before_complete(done: Done, config: GenerationConfig) -> str | None:
+    """Why a constrained answer does not match its grammar, in one line; None when it does
+    (only the end of sequence that the grammar's mask allowed ends it complete)."""
+    grammar = config.grammar
+    if grammar is None or done.finish_reason == "stop":
+        return None
+    where = CUT_AT.get(done.finish_reason, done.finish_reason)
+    if done.finish_reason == "length":
+        where += f" ({config.max_tokens})"
+    name = GRAMMAR_NAMES.get(grammar.kind, grammar.kind)
+    outcome = "it is not valid JSON" if grammar.kind.startswith("json") else "it does not match"
+    return f"the answer was cut at {where} before the {name} was complete: {outcome}"
+
+
+def show_warnings() -> None:
+    """The prompt cache's warnings (a damaged block dropped, a full disk) and the engine's (a
+    drafter that failed and was switched off) as macspec's own warning lines on stderr."""
     import logging
 
     class Stderr(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             print(f"macspec: warning: {record.getMessage()}", file=sys.stderr)
 
-    logger = logging.getLogger("macspec.prefix")
-    if not any(type(h).__name__ == "Stderr" for h in logger.handlers):
-        logger.addHandler(Stderr(logging.WARNING))
+    for name in ("macspec.prefix", "macspec.engine"):
+        logger = logging.getLogger(name)
+        if not any(type(h).__name__ == "Stderr" for h in logger.handlers):
+            logger.addHandler(Stderr(logging.WARNING))
 
 
 class Tally:

@@ -92,9 +92,10 @@ def serve(
 
     Routes: /v1/chat/completions and /v1/completions (OpenAI), /v1/responses (OpenAI's
     Responses API, Codex CLI), /v1/messages and /v1/messages/count_tokens (Anthropic's
-    Messages API, Claude Code), /v1/models, /health. Tool calls are rendered and parsed in the
-    model's own format. Up to --max-batch requests decode together; more wait in a bounded
-    queue.
+    Messages API, Claude Code), /api/chat, /api/generate, /api/tags, /api/show, /api/ps and
+    /api/version (Ollama's API: point OLLAMA_HOST at this server), /v1/models, /health. Tool
+    calls are rendered and parsed in the model's own format. Up to --max-batch requests decode
+    together; more wait in a bounded queue.
 
     Sampling flags are the defaults for requests that leave them out.
 

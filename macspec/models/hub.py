@@ -140,7 +140,14 @@ def local_model_path(name: str) -> Path:
         if not (path / "config.json").is_file():
             raise MacspecError(f"{name}: not installed with this macspec ({path} has no model)")
         return path
+    if not name.strip():
+        raise MacspecError("an empty model name; give a folder, a .gguf file or a repo id")
     path = Path(name).expanduser()
+    if path.suffix.lower() == ".gguf" or path.is_file():
+        from macspec.models.gguf.folder import gguf_folder, is_gguf_file
+
+        if path.suffix.lower() == ".gguf" or is_gguf_file(path):
+            return gguf_folder(path)  # the folder derived from the file (cached by its hash)
     if path.exists():
         if not (path / "config.json").is_file():
             raise MacspecError(f"{name}: not a model folder (no config.json)")

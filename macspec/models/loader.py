@@ -15,6 +15,8 @@ from mlx_lm.utils import load_tokenizer
 
 from macspec.engine.drafters.suffix import SaidTokens
 from macspec.errors import MacspecError
+from macspec.models.gguf.folder import gguf_source
+from macspec.models.gguf.load import load_gguf_model
 from macspec.models.tokenizers import fingerprint
 
 DRAFT_FRACTION_WARNING = 0.25
@@ -88,6 +90,10 @@ def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
     with an mlx.distributed `group`, mlx-lm's sharded load: each rank keeps its slice of every
     layer (tensor parallelism, `model.shard`)."""
     check_folder(path, role)
+    if gguf_source(path) is not None:
+        if group is not None:
+            raise MacspecError(f"{role} {gguf_source(path)}: a GGUF model cannot be sharded yet")
+        return load_gguf_model(path), draft_tokenizer(path)
     try:
         if group is not None:
             return load_sharded(path, group)
@@ -117,6 +123,8 @@ def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
 def load_weights(path: Path, role: str) -> nn.Module:
     """The model alone (mlx-lm's load_model): its tokenizer is not loaded, only checked."""
     check_folder(path, role)
+    if gguf_source(path) is not None:
+        return load_gguf_model(path)
     try:
         return mlx_load_model(path)[0]
     except LOAD_ERRORS as exc:
@@ -124,7 +132,7 @@ def load_weights(path: Path, role: str) -> nn.Module:
 
 
 def draft_tokenizer(path: Path) -> object:
-    """A draft folder's tokenizer, with its config's end-of-sequence ids (as mlx_lm.load)."""
+    """A model folder's tokenizer, with its config's end-of-sequence ids (as mlx_lm.load)."""
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
         return load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))

@@ -28,7 +28,7 @@ from macspec.serve.backend import Backend
 from macspec.serve.bodies import parse
 from macspec.serve.errors import APIError
 from macspec.serve.jobs import answer, log_line
-from macspec.serve.render import figures, new_meta
+from macspec.serve.render import figures, finished, new_meta
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -215,8 +215,7 @@ class MessagesRenderer:
 
     # -- whole -----------------------------------------------------------------------------
     def whole(self, done: Done, queued_s: float) -> dict[str, Any]:
-        self.answer.feed(done.tail)
-        self.answer.finish()
+        finished(self.answer, done)
         content: list[dict[str, Any]] = []
         for piece in merged(self.answer.pieces):
             if isinstance(piece, Reasoning):

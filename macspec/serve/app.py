@@ -1,10 +1,11 @@
 """The HTTP side: a FastAPI app with one router per protocol (OpenAI chat completions and
-completions here, the Responses API in responses.py, Anthropic's Messages API in anthropic.py).
+completions here, the Responses API in responses.py, Anthropic's Messages API in anthropic.py,
+Ollama's /api/* in ollama.py).
 
 Every error a client can cause is a JSON body with its status, in the shape of the protocol the
-request spoke (OpenAI's, or Anthropic's on /v1/messages); anything else is a 500 with a
-generic message (the traceback goes to the log, never to the client), and the server goes on
-serving. One log line per request: status, tokens, tok/s, acceptance by drafter, tool calls.
+request spoke (OpenAI's, Anthropic's on /v1/messages, Ollama's on /api/*); anything else is a
+500 with a generic message (the traceback goes to the log, never to the client), and the server
+goes on serving. One log line per request: status, tokens, tok/s, acceptance by drafter, tool calls.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from macspec.serve import anthropic, responses
+from macspec.serve import anthropic, ollama, responses
 from macspec.serve.backend import Backend
 from macspec.serve.bodies import describe, parse
 from macspec.serve.errors import APIError, error_body
@@ -63,6 +64,8 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
     def error_response(request: Request, error: APIError) -> JSONResponse:
         if anthropic.is_anthropic(request):
             return anthropic.error_response(error)
+        if ollama.is_ollama(request):
+            return ollama.error_response(error)
         return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(APIError)
@@ -99,8 +102,9 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
     @app.head("/")
     @app.get("/")
     async def root() -> Response:
-        """Clients probe the base URL (Claude Code sends HEAD / first)."""
-        return Response(status_code=200)
+        """Clients probe the base URL (Claude Code sends HEAD / first; Ollama's clients look
+        for Ollama's words)."""
+        return ollama.root_text()
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models(request: Request) -> dict:
@@ -134,6 +138,7 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
 
     responses.add_routes(app, backend, authorized)
     anthropic.add_routes(app, backend, authorized)
+    ollama.add_routes(app, backend, authorized)
     return app
 
 

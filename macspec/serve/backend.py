@@ -261,6 +261,15 @@ class Backend:
                 400, f"the chat template refused the messages: {reason}", turn.field_prefix
             ) from None
 
+    def prepare_text(self, text: str, turn: ChatTurn) -> Prepared:
+        """A prompt taken as it is (no template; Ollama's raw generate), with the settings
+        and the answer's grammar of `turn`."""
+        with self._tokenizer_lock:
+            ids = encode_prompt(self.tokenizer, text, raw=True)
+        if turn.grammar is not None:
+            self._compile(turn.grammar, turn.grammar_param)
+        return Prepared(ids, self._config(turn, len(ids), turn.stop, turn.grammar), None)
+
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         prompt = request.single_prompt()
         if isinstance(prompt, str):
@@ -296,11 +305,15 @@ class Backend:
     ) -> GenerationConfig:
         wanted = turn.max_tokens
         max_tokens = wanted if wanted is not None else self.defaults.max_tokens
-        if self.context_length is not None and self.context_length - prompt_tokens < 1:
+        context = self.context_length
+        if turn.context_length is not None:
+            context = min(context or turn.context_length, turn.context_length)
+        if context is not None and context - prompt_tokens < 1:
             raise APIError(
                 413,
-                f"prompt is too long: {prompt_tokens} tokens > {self.context_length - 1} "
-                f"maximum (the model's context holds {self.context_length}): shorten it",
+                f"prompt is too long: {prompt_tokens} tokens > {context - 1} maximum "
+                f"({'the model' if context == self.context_length else 'the request'}'s context "
+                f"holds {context}): shorten it",
                 turn.field_prefix,
                 "context_length_exceeded",
             )
@@ -319,7 +332,7 @@ class Backend:
                 sampling=sampling,
                 stop_strings=stops,
                 seed=turn.seed,
-                context_length=self.context_length,
+                context_length=context,
                 grammar=grammar,
             )
         except MacspecError as exc:  # the schema checks ranges; this is a safety net

@@ -84,7 +84,7 @@ async def answer(
     if stream:
         return StreamingResponse(
             stream_events(request, backend, job, renderer, len(prepared.prompt)),
-            media_type="text/event-stream",
+            media_type=getattr(renderer, "media_type", "text/event-stream"),
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
     return await whole_response(request, backend, job, renderer, len(prepared.prompt))
@@ -132,7 +132,9 @@ async def stream_events(
         while True:
             event = await next_event(job, KEEPALIVE_S)
             if event is None:
-                yield renderer.keepalive()
+                keepalive = renderer.keepalive()
+                if keepalive:  # NDJSON has none: a disconnect is noticed by starlette
+                    yield keepalive
             elif isinstance(event, Prefill):
                 for chunk in renderer.prefilled(event):
                     yield chunk

@@ -185,9 +185,7 @@ class Renderer:
     # -- whole responses -------------------------------------------------------------------
     def whole(self, done: Done, queued_s: float) -> dict[str, Any]:
         """The non-streamed response object."""
-        answer = self.answer
-        answer.feed(done.tail)
-        answer.finish()
+        answer = finished(self.answer, done)
         if self.chat:
             calls = [
                 {
@@ -214,6 +212,13 @@ class Renderer:
             "usage": usage(self.meta, done),
             "macspec": figures(self.meta, done, queued_s),
         }
+
+
+def finished(answer: AnswerStream, done: Done) -> AnswerStream:
+    """`answer` with the text held back until the end fed, and its parsers closed."""
+    answer.feed(done.tail)
+    answer.finish()
+    return answer
 
 
 def call_id(raw: str) -> str:

@@ -101,8 +101,9 @@ def make_server(backend: Backend, api_key: str | None, drain_s: float = DRAIN_S)
 
 
 def setup_logging() -> None:
-    """One line per request on stderr, timestamped (and the prompt cache's lines)."""
-    for name in ("macspec.serve", "macspec.prefix"):
+    """One line per request on stderr, timestamped (and the prompt cache's lines, and a failed
+    drafter's traceback)."""
+    for name in ("macspec.serve", "macspec.prefix", "macspec.engine"):
         logger = logging.getLogger(name)
         if not logger.handlers:
             handler = logging.StreamHandler(sys.stderr)

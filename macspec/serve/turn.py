@@ -49,6 +49,9 @@ class ChatTurn:
     """None: the server's default. Clamped to the room the context window leaves."""
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    context_length: int | None = None
+    """Tokens this request may fill (prompt + answer), within the server's window (Ollama's
+    num_ctx); None: the server's."""
     thinking_budget: int | None = None
     """Most tokens of reasoning before the answer (None: no limit)."""
     field_prefix: str = "messages"

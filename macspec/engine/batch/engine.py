@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -30,6 +31,7 @@ from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.events import Cycle, Prefill, Source
 from macspec.engine.core.grammar import Constraint
 from macspec.engine.core.taps import Hidden, Taps
+from macspec.engine.drafters.guard import DrafterGuard
 from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate.answer import AnswerState
 from macspec.engine.policy.length import AutoPolicy, DraftPolicy
@@ -107,11 +109,12 @@ class BatchEngine:
             if self._learned is not None:
                 policy.carry_from(self._learned)
             policy.begin(config.sampling)  # --draft auto keeps its figures per temperature
+        guard = DrafterGuard(drafter.name if drafter is not None else "no")
         if drafter is not None and drafter.needs is not None:
-            alone.tap(drafter.needs, drafter.add_hidden)
+            alone.tap(drafter.needs, partial(guard.call, "add_hidden", drafter.add_hidden))
         pending = alone.reuse(prompt)
         answer.stats.prefilled_tokens = len(pending)
-        row = Row(prompt, answer, drafter, policy, alone, to_prefill=pending[:-1])
+        row = Row(prompt, answer, drafter, policy, alone, to_prefill=pending[:-1], guard=guard)
         if config.grammar is not None:
             row.constraint = Constraint(config.grammar, self.tokenizer)
         row.events.append(Prefill(len(prompt), len(prompt) - len(pending)))
@@ -129,7 +132,7 @@ class BatchEngine:
             return False
         row.alone.checkpoint("prompt")
         if row.drafter is not None:
-            row.drafter.start(row.prompt)
+            row.guard.call("start", row.drafter.start, row.prompt)
         for rows_cache, layer_cache in zip(self.caches, row.alone.cache):
             rows_cache.add_row(layer_cache)
         if self.batch_draft is not None:
@@ -202,7 +205,7 @@ class BatchEngine:
                     final=None if hidden.final is None else hidden.final[i, :n],
                     layers={k: v[i, :n] for k, v in hidden.layers.items()},
                 )
-                row.drafter.add_hidden(row.fed, part)
+                row.guard.call("add_hidden", row.drafter.add_hidden, row.fed, part)
             valid = self._settle(row, plan, values, len(rows), begun, drafted, verified)
             returned.append(valid if valid is not None and not self.rewinds else None)
             if valid is not None and self.rewinds:  # recomputed at the kept ids, exactly
@@ -224,7 +227,7 @@ class BatchEngine:
         lengths = [0] * len(rows)
         priced = []
         for i, row in enumerate(rows):
-            if row.drafter is None:
+            if row.drafter is None or not row.guard.on:
                 continue
             if type(row.policy) is AutoPolicy:
                 priced.append(i)
@@ -254,7 +257,13 @@ class BatchEngine:
         ]
         floors = [row.policy.confidence_floor for row in rows]
         contexts = [row.context for row in rows]
-        return self.batch_draft.propose(contexts, ks, params, draws, floors)
+        try:
+            return self.batch_draft.propose(contexts, ks, params, draws, floors)
+        except Exception as exc:  # a guesser failed: these rows go plain
+            for row, k in zip(rows, ks):
+                if k:
+                    row.guard.fail("propose", exc)
+            return None
 
     def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> int | None:
         """Keep what the verdict kept; where the row's recurrent state holds ids that were not
@@ -318,7 +327,8 @@ class BatchEngine:
         if row.policy is not None:
             self._learned = row.policy
         stats = row.done.stats
-        if stats.plain_reason and (stats.rows_per_pass or 1) > 1 and self.pricing.plain:
+        priced_plain = self.pricing.plain and row.guard.on  # not: the drafter failed
+        if stats.plain_reason and (stats.rows_per_pass or 1) > 1 and priced_plain:
             stats.plain_reason = (
                 f"plain: guessing does not pay here at {stats.rows_per_pass:.1f} requests per pass"
             )
@@ -326,9 +336,9 @@ class BatchEngine:
 
     def _draft_rollback(self, row: Row, keep: int) -> None:
         if self.batch_draft is not None and row in self.rows:
-            self.batch_draft.rollback(self.rows.index(row), keep)
+            row.guard.call("rollback", self.batch_draft.rollback, self.rows.index(row), keep)
         elif row.drafter is not None:
-            row.drafter.rollback(keep)
+            row.guard.call("rollback", row.drafter.rollback, keep)
 
     def cancel(self, row: Row) -> None:
         """End a row now (its client went away): it leaves the batch at once."""

@@ -12,6 +12,7 @@ from macspec.engine.core.events import Done, Event
 from macspec.engine.core.grammar import Constraint
 from macspec.engine.core.sampling import probabilities
 from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
+from macspec.engine.drafters.guard import DrafterGuard
 from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate.answer import AnswerState
 from macspec.engine.policy.length import DraftPolicy
@@ -43,6 +44,8 @@ class Row:
     """A finished row's caches (target, then draft model), for a prompt cache to keep."""
     constraint: Constraint | None = None
     """The matcher of the row's grammar, if it has one."""
+    guard: DrafterGuard = field(default_factory=lambda: DrafterGuard("no"))
+    """Every call into the row's drafter goes through it: a failing drafter is switched off."""
 
     @property
     def decoding(self) -> bool:
@@ -63,7 +66,10 @@ def plan_row(
     elif draft is None:
         params, rng = row.answer.config.sampling, row.answer.rng
         draws = rng.draws(k, len(row.context)) if rng is not None else None
-        draft = row.drafter.propose(row.context, k, params, draws, row.policy.confidence_floor)
+        floor = row.policy.confidence_floor
+        draft = row.guard.call("propose", row.drafter.propose, row.context, k, params, draws, floor)
+        if draft is None:  # the drafter failed: it is off, this row's cycle is a plain step
+            return pending, [], None, 0
     guesses = draft.tokens
     if row.constraint is not None:
         guesses = guesses.tolist() if isinstance(guesses, mx.array) else list(guesses)
@@ -108,3 +114,4 @@ class RowView:
     def __init__(self, row: Row):
         self.policy = row.policy
         self.drafter = row.drafter
+        self.guard = row.guard

@@ -31,7 +31,10 @@ class Stats:
     target_passes: int = 0
     """Target forward passes after prefill: one per cycle."""
     draft_proposed: int = 0
-    """Guesses sent to the target for verification."""
+    """Guesses a drafter sent to the target for verification (a grammar's forced ids apart)."""
+    forced_tokens: int = 0
+    """Ids a grammar forced (the only ones its mask allowed), verified like guesses but
+    drafted by nobody: counted here, never as guesses."""
     draft_accepted: int = 0
     """Guesses the target kept."""
     by_source: dict[str, list[int]] = field(default_factory=dict)
@@ -67,9 +70,14 @@ class Stats:
     prefill_s: float = 0.0
     """Seconds spent prefilling the prompt."""
     draft_s: float = 0.0
-    """Seconds spent drafting."""
+    """Seconds spent drafting, in the cycles that time drafting apart only: probe cycles of a
+    priced draft length (`-k auto`: the first two and every 32nd). Other cycles wait on the
+    device once for draft and verdict together, so their drafting is inside verify_s; with a
+    fixed -k this stays 0."""
     verify_s: float = 0.0
-    """Seconds spent in target verify passes."""
+    """Seconds of the target's passes after prefill, with the drafting of cycles not timed
+    apart, summed over every cycle including the one that brought the first token: it can
+    exceed decode_s, which starts at the first token."""
 
     def add_cycle(self, cycle: Cycle) -> None:
         self.target_passes += 1
@@ -78,7 +86,9 @@ class Stats:
         self.refed_tokens += cycle.refed
         self.draft_s += cycle.draft_s
         self.verify_s += cycle.verify_s
-        if cycle.proposed:
+        if cycle.proposed and cycle.draft_source == "grammar":
+            self.forced_tokens += cycle.accepted  # the mask allows nothing else: all kept
+        elif cycle.proposed:
             self.draft_proposed += cycle.proposed
             self.draft_accepted += cycle.accepted
             counts = self.by_source.setdefault(cycle.draft_source or "model", [0, 0])
@@ -134,6 +144,7 @@ class Stats:
             "target_passes": self.target_passes,
             "draft_proposed": self.draft_proposed,
             "draft_accepted": self.draft_accepted,
+            "forced_tokens": self.forced_tokens,
             "acceptance_rate": self.acceptance_rate,
             "tokens_per_pass": self.tokens_per_pass,
             "accepted_histogram": list(self.accepted_histogram),
@@ -206,7 +217,9 @@ def summary_line(stats: Stats, finish_reason: str) -> str:
             acceptance_text(stats.draft_accepted, stats.draft_proposed)
             + (f" ({sources})" if sources else "")
         )
-    elif stats.plain_reason:
+    if stats.forced_tokens:
+        parts.append(f"{stats.forced_tokens} forced")
+    if stats.plain_reason:  # with guesses too: a drafter that failed was switched off
         parts.append(stats.plain_reason)
     if stats.tokens_per_pass is not None:
         parts.append(f"{stats.tokens_per_pass:.2f} tokens/pass")

@@ -131,9 +131,12 @@ class SaidTokens:
         """The most frequent continuation of the occurrences, id by id, while it keeps at
         least `min_prob` of the votes of the occurrences that agree so far."""
         out: list[int] = []
-        alive = starts
+        alive, tokens = starts, self.tokens
         for depth in range(size):
-            votes = Counter(self.tokens[s + depth] for s in alive if s + depth < len(self.tokens))
+            # An occurrence whose continuation reaches the end of what is held (the context's
+            # own latest ids, say) has no vote from there on, and stays out of the agreeing set.
+            alive = [s for s in alive if s + depth < len(tokens)]
+            votes = Counter(tokens[s + depth] for s in alive)
             votes.pop(END, None)
             if not votes:
                 break
@@ -141,7 +144,7 @@ class SaidTokens:
             if count < min_prob * len(alive):
                 break
             out.append(token)
-            alive = [s for s in alive if self.tokens[s + depth] == token]
+            alive = [s for s in alive if tokens[s + depth] == token]
         return out
 
 

@@ -36,6 +36,7 @@ def constrained_cycles(
     end of sequence; `engine` is the loop's Engine. Each cycle leaves the target's cache
     holding the committed ids but the last, as the unconstrained loop does."""
     target, drafter, policy, params = engine.target, engine.drafter, engine.policy, config.sampling
+    guard = engine.guard
     constraint = Constraint(config.grammar, engine.tokenizer)
     delivered = 0
     while delivered < config.max_tokens:
@@ -43,13 +44,13 @@ def constrained_cycles(
         room = config.max_tokens - delivered - 1  # the target adds one token of its own
         guesses, q, source, steps, fed = constraint.forced()[: max(room, 0)], None, "grammar", 0, 0
         forced = bool(guesses)
-        requested = policy.draft_length() if drafter is not None and not forced else 0
+        requested = policy.draft_length() if engine.drafting() and not forced else 0
         if requested and room > 0:
             draws = rng.draws(requested, len(context)) if rng is not None else None
-            draft = drafter.propose(context, min(requested, room), params, draws, None)
-            tokens = draft.tokens
-            guesses = tokens.tolist() if isinstance(tokens, mx.array) else list(tokens)
-            q, source, steps, fed = draft.q, draft.source, draft.steps, draft.fed
+            draft = guard.call("propose", _listed, drafter, context, min(requested, room), params,
+                               draws)  # fmt: skip
+            if draft is not None:  # else the drafter failed: this cycle is a plain step
+                guesses, q, source, steps, fed = draft
         guesses = constraint.admitted(guesses, engine.eos_ids)
         accepted, token, verified = _verify(engine, context, guesses, q, constraint, params, rng)
         kept = guesses[:accepted] + [token]
@@ -57,7 +58,7 @@ def constrained_cycles(
         target.trim_to(len(context) + accepted)
         context += kept
         if drafter is not None:
-            drafter.rollback(len(context) - 1)
+            guard.call("rollback", drafter.rollback, len(context) - 1)
         cycle = Cycle(
             requested=requested,
             proposed=len(guesses),
@@ -80,6 +81,15 @@ def constrained_cycles(
             yield kept_id, (Source.DRAFT if i < len(kept) - 1 else Source.TARGET)
             if delivered >= config.max_tokens:
                 return
+
+
+def _listed(drafter, context, k, params, draws) -> tuple[list[int], Any, str, int, int]:
+    """The drafter's guesses read to the host (a grammar admits them there), with their q,
+    source and costs."""
+    draft = drafter.propose(context, k, params, draws, None)
+    tokens = draft.tokens
+    guesses = tokens.tolist() if isinstance(tokens, mx.array) else list(tokens)
+    return guesses, draft.q, draft.source, draft.steps, draft.fed
 
 
 def _verify(

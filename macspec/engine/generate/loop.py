@@ -21,15 +21,15 @@ from macspec.engine.core.events import Cycle, Event, Prefill, Source
 from macspec.engine.core.sampling import Randomness, SamplingParams, probabilities
 from macspec.engine.core.stats import Stats
 from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
+from macspec.engine.drafters.guard import DrafterGuard
 from macspec.engine.drafters.protocol import Draft, Drafter
 from macspec.engine.generate import answer
 from macspec.engine.generate.constrained import constrained_cycles
+from macspec.engine.generate.plain import CLEAR_CACHE_EVERY, Progress, plain_stretch
 from macspec.engine.policy.length import AutoPolicy, DraftPolicy
 from macspec.engine.trees.cycle import propose_tree, verify_tree
 from macspec.engine.trees.shapes import TreeDraft
 
-CLEAR_CACHE_EVERY = 256
-"""Decoded ids between emptyings of MLX's buffer cache (mlx-lm's generate does the same)."""
 PROBE_EVERY = 32
 """Every this many speculative cycles (and the first two), one waits after drafting too, so
 drafting and verifying are timed apart for the policy; the others wait once. The policy learns
@@ -44,16 +44,6 @@ DEFAULT_GENERATION = GenerationConfig()
 """Greedy, 256 tokens, no stops: what `generate` does when told nothing."""
 
 __all__ = ["Engine", "GenerationConfig"]  # GenerationConfig lives in engine/core/config.py
-
-
-@dataclass
-class _Progress:
-    """Where a generation stands, shared by the loop and its plain stretches."""
-
-    delivered: int = 0
-    """Ids handed to the consumer; on exit the caches keep only those."""
-    decided: int | None = None
-    """A draft length the policy chose ahead, during a plain stretch."""
 
 
 @dataclass
@@ -79,10 +69,12 @@ class Engine:
         cache_options: CacheOptions = DEFAULT_CACHE,
     ):
         self.target = CachedModel(target, name="target model", options=cache_options)
+        self.guard = DrafterGuard(drafter.name if drafter is not None else "no")
+        """Every call into the drafter goes through it: a failing drafter is switched off."""
         if drafter is not None:
             self.target.require_rollback()
             if drafter.needs is not None:  # the drafter reads the target's hidden states
-                self.target.tap(drafter.needs, drafter.add_hidden)
+                self.target.tap(drafter.needs, self._add_hidden)
         self.tokenizer = tokenizer
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         self._cycles_run = 0
@@ -92,6 +84,13 @@ class Engine:
         """Ids both models score (the draft's embedding table may be padded differently)."""
         if self.policy is not None:
             self.policy.bind(self)
+
+    def drafting(self) -> bool:
+        """Whether this request drafts: a drafter, not switched off by a failure."""
+        return self.drafter is not None and self.guard.on
+
+    def _add_hidden(self, start: int, hidden) -> None:
+        self.guard.call("add_hidden", self.drafter.add_hidden, start, hidden)
 
     def cached_models(self) -> list[CachedModel]:
         """Every model cache the engine keeps: the target's, and the drafter's if any."""
@@ -110,13 +109,14 @@ class Engine:
         # Where the next chat turn can return to if its prompt differs after this one (a model
         # with recurrent layers cannot trim back to it); free for attention-only models.
         target.checkpoint("prompt")
+        self.guard.reset()
         if drafter is not None:
-            drafter.start(prompt)
+            self.guard.call("start", drafter.start, prompt)
             self.policy.begin(config.sampling)  # a policy may keep its figures per temperature
         stats.prefill_s = time.perf_counter() - started
 
         context = list(prompt)
-        progress = _Progress()
+        progress = Progress()
         ahead: _Ahead | None = None
         try:
             if config.grammar is not None:  # masks from the host's matcher: a loop of its own
@@ -131,7 +131,7 @@ class Engine:
                     begun -= ahead.drafting_s
                     ahead = None
                 else:
-                    if drafter is None:
+                    if not self.drafting():
                         requested = 0
                     elif progress.decided is not None:
                         requested, progress.decided = progress.decided, None
@@ -140,21 +140,24 @@ class Engine:
                     # The target adds one token of its own: never guess past max_tokens.
                     k = min(requested, config.max_tokens - progress.delivered - 1)
                     if k <= 0:
-                        yield from self._plain_stretch(context, config, rng, progress, requested)
+                        yield from plain_stretch(self, context, config, rng, progress, requested)
                         continue
                     if self._refeed_due(context):
                         # Restores in a row (recurrent layers without an exact rewind) have piled
                         # up ids to feed again: catch up with a plain step, which yields a token
                         # of its own, rather than widen every pass. Then draft as asked.
-                        yield from self._plain_stretch(
-                            context, config, rng, progress, requested, once=True
+                        yield from plain_stretch(
+                            self, context, config, rng, progress, requested, once=True
                         )
                         progress.decided = requested
                         continue
                     draft = None
 
                 # Draft, verify all guesses in one target pass, accept, roll back.
-                cycle, kept = self._speculate(context, k, requested, params, rng, begun, draft)
+                speculated = self._speculate(context, k, requested, params, rng, begun, draft)
+                if speculated is None:  # the drafter failed: it is off, the loop goes plain
+                    continue
+                cycle, kept = speculated
                 self.policy.observe(cycle)
                 ahead = self._draft_ahead(context, config, rng, progress, kept)
                 # The record comes first: a consumer that stops mid-cycle has still counted it.
@@ -169,7 +172,7 @@ class Engine:
             keep = len(prompt) + progress.delivered - 1
             target.settle(keep, context[keep] if progress.delivered else None)
             if drafter is not None:
-                drafter.rollback(keep)
+                self.guard.call("rollback", drafter.rollback, keep)
 
     def _probe_due(self) -> bool:
         """Whether the next speculative cycle times drafting and verifying apart; only a
@@ -187,7 +190,7 @@ class Engine:
         context: list[int],
         config: GenerationConfig,
         rng: Randomness | None,
-        progress: _Progress,
+        progress: Progress,
         kept: list[int],
     ) -> _Ahead | None:
         """Queue the next cycle's draft before the consumer takes this cycle's tokens, so the
@@ -195,7 +198,7 @@ class Engine:
         GPU). Not past the answer's end, and not before a probe cycle, which times drafting."""
         delivered = progress.delivered + len(kept)
         ending = delivered >= config.max_tokens or not self.eos_ids.isdisjoint(kept)
-        if ending or self._probe_due():
+        if ending or self._probe_due() or not self.drafting():
             return None
         requested = self.policy.draft_length()
         k = min(requested, config.max_tokens - delivered - 1)
@@ -205,79 +208,17 @@ class Engine:
             return None
         begun = time.perf_counter()
         draft = self._propose(context, k, config.sampling, rng)
+        if draft is None:  # the drafter failed: the next cycle is plain
+            return None
         return _Ahead(k, requested, draft, time.perf_counter() - begun)
 
-    def _plain_stretch(
-        self,
-        context: list[int],
-        config: GenerationConfig,
-        rng: Randomness | None,
-        progress: _Progress,
-        requested: int,
-        once: bool = False,
-    ) -> Iterator[Cycle | tuple[int, Source]]:
-        """Plain target steps until the policy wants to draft again (or max_tokens); `once`:
-        a single step.
-
-        Pipelined as mlx-lm's generate_step: the next step is queued before this one's token
-        is read back. Meanwhile the target's cache runs one token ahead of the invariant; the
-        stretch's last step, or the caller's `finally`, brings it back.
-        """
-        params = config.sampling
-        begun = time.perf_counter()
-        pending = context[len(self.target) :]
-        position = len(context)  # of the token this step produces
-        token = self._plain_step(pending, params, rng, position)
-        mx.async_eval(token)
-        while True:
-            following = None
-            if progress.delivered + 1 < config.max_tokens and not once:
-                if self.drafter is not None:
-                    progress.decided = self.policy.draft_length() or None
-                if progress.decided is None:
-                    following = self._plain_step(token, params, rng, position + 1)
-                    mx.async_eval(following)
-            value = token.item()
-            now = time.perf_counter()
-            context.append(value)
-            cycle = Cycle(
-                requested=requested,
-                proposed=0,
-                accepted=0,
-                draft_s=0.0,
-                verify_s=now - begun,
-                overhead_s=0.0,
-                draft_steps=0,
-                draft_fed=0,
-                fed=len(pending),
-                refed=len(pending) - 1,
-            )
-            begun, pending = now, [value]
-            if self.drafter is not None:
-                self.policy.observe(cycle)
-            yield cycle
-            progress.delivered += 1
-            yield value, Source.TARGET
-            if progress.delivered % CLEAR_CACHE_EVERY == 0:
-                mx.clear_cache()  # MLX's buffer cache, as mlx-lm's generate does
-            if following is None:
-                return
-            token, requested, position = following, 0, position + 1
-
-    def _plain_step(
-        self,
-        ids: list[int] | mx.array,
-        params: SamplingParams,
-        rng: Randomness | None,
-        position: int,
-    ) -> mx.array:
-        """Feed ids to the target; its token at `position` as an unevaluated (1,) array."""
-        logits = self.target.forward(ids)[-1:, : self.vocab_size]
-        if params.greedy:
-            return mx.argmax(logits, axis=-1)
-        return rng.pick(probabilities(logits, params), position)
-
     def _propose(
+        self, context: list[int], k: int, params: SamplingParams, rng: Randomness | None
+    ) -> Draft | TreeDraft | None:
+        """The drafter's guesses, or None: it failed and is off for the request."""
+        return self.guard.call("propose", self._guesses, context, k, params, rng)
+
+    def _guesses(
         self, context: list[int], k: int, params: SamplingParams, rng: Randomness | None
     ) -> Draft | TreeDraft:
         """The drafter's guesses, queued on the device: its last step then runs while the host
@@ -301,16 +242,18 @@ class Engine:
         rng: Randomness | None,
         begun: float,
         draft: Draft | TreeDraft | None = None,
-    ) -> tuple[Cycle, list[int]]:
+    ) -> tuple[Cycle, list[int]] | None:
         """One cycle: draft (unless drafted ahead), verify in one target pass, accept, roll
         back. The guesses stay on the device into the verify pass, and the verdict is read with
         them: one wait. A probe cycle now and then waits after drafting too, to time drafting
-        and verifying apart."""
+        and verifying apart. None: the drafter failed, nothing was done."""
         target = self.target
         timed = draft is None and self._probe_due()
-        self._cycles_run += 1
         if draft is None:
             draft = self._propose(context, k, params, rng)
+            if draft is None:
+                return None
+        self._cycles_run += 1
         if isinstance(draft, TreeDraft):
             return verify_tree(self, context, draft, requested, params, rng, begun, timed)
         guesses = draft.tokens
@@ -361,7 +304,7 @@ class Engine:
         target.trim_to(len(context) + n)
         kept = counted[:n] + [token]
         context += kept
-        self.drafter.rollback(len(context) - 1)
+        self.guard.call("rollback", self.drafter.rollback, len(context) - 1)
         cycle = Cycle(
             requested=requested,
             proposed=cut,

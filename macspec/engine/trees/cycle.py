@@ -18,6 +18,7 @@ from macspec.engine.caches.cached import CachedModel
 from macspec.engine.core.cycle import Cycle, TreeOutcome
 from macspec.engine.core.sampling import Randomness, SamplingParams, probabilities
 from macspec.engine.core.taps import Hidden
+from macspec.engine.drafters.guard import DrafterGuard
 from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.policy.length import DraftPolicy
 from macspec.engine.trees import propose as treedraft
@@ -37,6 +38,7 @@ class Engine(Protocol):
 
     target: CachedModel
     drafter: Drafter | None
+    guard: DrafterGuard
     policy: DraftPolicy | None
     vocab_size: int | None
     eos_ids: frozenset[int]
@@ -91,8 +93,8 @@ def verify_tree(
     _keep_path(engine, context, fed, path[:n], path_ids[:n], held, record)
     kept = path_ids[:n] + [token]
     context += kept
-    treedraft.release(engine.drafter, tree.base)
-    engine.drafter.rollback(len(context) - 1)
+    engine.guard.call("release", treedraft.release, engine.drafter, tree.base)
+    engine.guard.call("rollback", engine.drafter.rollback, len(context) - 1)
     stop = tree.shape.children[path[n - 1] + 1 if n else 0] if tree.shape is not None else ()
     outcome = TreeOutcome(
         nodes=tree.size,

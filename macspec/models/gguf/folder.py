@@ -1,0 +1,101 @@
+"""A GGUF file as an mlx-lm model folder: what loading derives from its header (config.json,
+the tokenizer's files) is written once to the macspec home, keyed by the file's identity, and
+the weights are read from the file where it lies, never copied.
+
+The folder's config.json names its file under `gguf`, so every reader of model folders
+(templates, context length, tokenizer fingerprints, prompt-cache keys) works unchanged, and
+the loader knows to read the weights from the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from macspec.errors import MacspecError
+from macspec.models.gguf.config import build_config
+from macspec.models.gguf.header import MAGIC, GGUFHeader, read_header
+from macspec.models.gguf.tensors import CONVERTERS, unreadable
+from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
+from macspec.models.home import macspec_home
+
+GGUF_KEY = "gguf"
+"""config.json's entry naming the file: {"file": absolute path, "identity": its hash}."""
+FORMAT = 1
+"""The derived folder's layout; a change here derives every folder again."""
+
+
+def is_gguf_file(path: Path) -> bool:
+    """A file that starts as a GGUF does (whatever its name)."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == MAGIC
+    except OSError:
+        return False
+
+
+def check_types(header: GGUFHeader) -> None:
+    """One line naming a tensor type no converter reads."""
+    refused = unreadable(header)
+    if refused:
+        name, qtype = refused[0]
+        kinds = sorted({q.name for _, q in refused})
+        readable = ", ".join(q.name for q in CONVERTERS)
+        raise MacspecError(
+            f"{header.path}: tensor {name} is {qtype.name} ({', '.join(kinds)} in this file); "
+            f"macspec reads GGUF tensors of types {readable}"
+        )
+
+
+def gguf_folder(path: Path) -> Path:
+    """The derived model folder of a `.gguf` file (made on first use): one line for a path
+    that is no readable GGUF model."""
+    if str(path) in ("", "."):
+        raise MacspecError("an empty model path")
+    if path.is_dir():
+        raise MacspecError(f"{path}: a folder, not a .gguf file")
+    if not path.is_file():
+        raise MacspecError(f"{path}: no such file")
+    path = path.resolve()
+    header = read_header(path)
+    config = build_config(header)  # refuses an architecture first, then a type
+    check_types(header)
+    identity = header.identity()
+    key = hashlib.sha256(f"{FORMAT}\0{path}\0{identity}".encode()).hexdigest()[:32]
+    folder = macspec_home() / "gguf" / f"{path.stem[:48]}-{key}"
+    if (folder / "config.json").is_file():
+        return folder
+    config["eos_token_id"] = eos_ids(header)
+    config[GGUF_KEY] = {"file": str(path), "identity": identity}
+    _write_whole(folder, header, config)
+    return folder
+
+
+def _write_whole(folder: Path, header: GGUFHeader, config: dict[str, Any]) -> None:
+    """The folder written in a temporary sibling, then renamed: whole or not at all."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        write_tokenizer(header, partial)
+        (partial / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        os.replace(partial, folder)
+    except OSError:
+        if not (folder / "config.json").is_file():  # not another process's folder, won the race
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def gguf_source(folder: Path) -> Path | None:
+    """The GGUF file a derived folder reads its weights from, or None for any other folder."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    entry = config.get(GGUF_KEY) if isinstance(config, dict) else None
+    return Path(entry["file"]) if isinstance(entry, dict) and "file" in entry else None

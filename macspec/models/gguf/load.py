@@ -1,0 +1,57 @@
+"""A derived GGUF folder loaded as an mlx-lm model: mlx-lm builds the model from config.json
+(its own classes, quantized per module as the file's tensors are), the weights come from the
+GGUF file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from macspec.errors import MacspecError
+from macspec.models.gguf.config import quantization, rope_factors, to_mlx
+from macspec.models.gguf.folder import check_types, gguf_source
+from macspec.models.gguf.header import read_header
+from macspec.models.gguf.tensors import read_tensors
+
+
+def load_gguf_model(folder: Path) -> nn.Module:
+    """The model of a folder `gguf_folder` derived; one line when its file changed or went."""
+    from mlx_lm.utils import load_model
+
+    path = gguf_source(folder)
+    if path is None:
+        raise MacspecError(f"{folder}: not a GGUF model folder")
+    header = read_header(path)
+    check_types(header)
+    try:
+        weights = read_tensors(header)
+    except RuntimeError as exc:  # mx.load on a file changed since its header was read
+        raise MacspecError(f"{path}: cannot read its tensors ({exc})") from None
+    # A lazy, non-strict load reads no weights: the model as config.json describes it.
+    model, config = load_model(
+        folder, lazy=True, strict=False, model_config=quantization(header, weights)
+    )
+    factors = rope_factors(header, weights)
+    weights = to_mlx(header, config, weights)
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as exc:
+        reason = " ".join(str(exc).split())
+        raise MacspecError(f"{path}: its tensors do not fit its metadata ({reason})") from None
+    if factors is not None:
+        _set_rope_factors(model, factors)
+    mx.eval(model.parameters())
+    return model
+
+
+def _set_rope_factors(model: nn.Module, factors: mx.array) -> None:
+    """Llama 3.1's scaling as llama.cpp applies it: each frequency's period times its factor."""
+    for layer in model.model.layers:
+        rope = layer.self_attn.rope
+        dims = rope.dims
+        base = model.args.rope_theta
+        rope._freqs = (base ** (mx.arange(0, dims, 2) / dims)) * factors.astype(mx.float32)

@@ -1,0 +1,95 @@
+"""A GGUF's tokenizer as the files of a Hugging Face tokenizer (tokenizer.json and
+tokenizer_config.json with the chat template), so mlx-lm's `load_tokenizer` makes it a
+TokenizerWrapper like any folder's: templates, stop ids and streaming detokenizers alike.
+
+The vocabulary is rebuilt by transformers' torch-free converter (`convert_gguf_tokenizer`:
+byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names, SentencePiece with scores and
+byte fallback, control tokens from `token_type`); only BOS insertion is set here, from
+`tokenizer.ggml.add_bos_token`, as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from macspec.errors import MacspecError
+from macspec.models.gguf.header import GGUFHeader
+
+END_OF_TURN_TEXTS = frozenset(
+    {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>", "<EOT>", "<|endoftext|>"}
+)
+"""Control tokens llama.cpp also ends generation on, by their text (a chat model's end of turn)."""
+CONTROL = 3
+"""llama.cpp's token type of a control token."""
+
+
+def _plain(value: Any) -> Any:
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def eos_ids(header: GGUFHeader) -> list[int]:
+    """End of generation: the EOS, EOT and EOM ids the file names, and its control tokens whose
+    text ends a turn."""
+    meta = header.metadata
+    ids = [meta.get(f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
+    tokens = meta.get("tokenizer.ggml.tokens") or []
+    types = _plain(meta.get("tokenizer.ggml.token_type", []))
+    for index, token in enumerate(tokens):
+        if token in END_OF_TURN_TEXTS and index < len(types) and types[index] == CONTROL:
+            ids.append(index)
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
+    """tokenizer.json and tokenizer_config.json (with the chat template) into `folder`, or one
+    line when the file has no tokenizer or one transformers cannot rebuild."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING,
+        convert_gguf_tokenizer,
+    )
+
+    meta = header.metadata
+    if not meta.get("tokenizer.ggml.tokens"):
+        raise MacspecError(f"{header.path}: no tokenizer in the file (no tokenizer.ggml.tokens)")
+    renames = GGUF_TOKENIZER_MAPPING["tokenizer"]
+    given = {
+        name: _plain(meta[f"tokenizer.{k}"])
+        for k, name in renames.items()
+        if f"tokenizer.{k}" in meta
+    }
+    try:
+        backend, _ = convert_gguf_tokenizer(header.architecture, given)
+    except (ValueError, KeyError, TypeError) as exc:
+        reason = " ".join(str(exc).split())
+        raise MacspecError(f"{header.path}: cannot rebuild its tokenizer: {reason}") from None
+    tokens = given["tokens"]
+
+    def token(key: str) -> str | None:
+        index = meta.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[index] if index is not None and 0 <= index < len(tokens) else None
+
+    bos = token("bos")
+    # llama.cpp adds BOS by default for a SentencePiece vocabulary that does not say otherwise.
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", given.get("tokenizer_type") == "llama"))
+    if add_bos and bos is not None:
+        bos_id = tokens.index(bos)
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0",
+            pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+            special_tokens=[(bos, bos_id)],
+        )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token=token("eos"),
+        unk_token=token("unknown"),
+        pad_token=token("padding"),
+        chat_template=meta.get("tokenizer.chat_template"),
+        clean_up_tokenization_spaces=False,
+    )
+    fast.save_pretrained(str(folder))

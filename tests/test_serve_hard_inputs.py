@@ -1,0 +1,100 @@
+"""`macspec serve`'s default drafter (`--draft auto`, suffix decoding among its candidates) on
+the inputs that once took it down with HTTP 500s (a repetitive prompt, JSON formats): every
+request answers 200, with the target alone's answer, on the serial worker and the batching one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from servekit import KEY, client, post
+
+import macspec
+from macspec.engine.core.config import GenerationConfig
+from macspec.engine.core.grammar import Grammar
+from macspec.models.catalog import resolve_models
+from macspec.models.pairs import open_pair
+from macspec.models.templates import encode_messages
+from macspec.serve.backend import Backend, Defaults
+from macspec.serve.server import ServerThread
+
+DEMO = Path(macspec.__file__).parent / "demo"
+REPEATED = " ".join(["a"] * 60)
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+ASK = [{"role": "user", "content": "Alice is 30 years old. Give her as JSON."}]
+MAX_TOKENS = 40
+
+
+def resolved():
+    return resolve_models(None, str(DEMO / "target"), str(DEMO / "draft"))
+
+
+@pytest.fixture(scope="module", params=[1, 8], ids=["serial", "batch"])
+def server(request):
+    """`macspec serve -k 4`: the default drafter (`--draft auto`), at a draft length that
+    drafts on this CPU too (k auto would rightly decode plainly here)."""
+    opened = open_pair(resolved(), "4", draft="auto", batch=request.param > 1)
+    backend = Backend(
+        opened.engine,
+        opened.tokenizer,
+        "tiny",
+        defaults=Defaults(max_tokens=MAX_TOKENS),
+        k=4,
+        max_batch=request.param,
+    )
+    with ServerThread(backend, api_key=KEY) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """The target alone (no drafter): what every answer must be."""
+    opened = open_pair(resolved(), None, no_draft=True)
+
+    def answer(prompt: list[int], grammar: Grammar | None = None) -> str:
+        config = GenerationConfig(MAX_TOKENS, grammar=grammar)
+        return list(opened.engine.generate(prompt, config))[-1].text
+
+    return answer, opened.tokenizer
+
+
+@pytest.fixture(autouse=True)
+def no_drafter_fails(caplog):
+    """Not one drafter is switched off on these inputs: they answer with speculation."""
+    with caplog.at_level(logging.WARNING, logger="macspec.engine"):
+        yield
+    assert not [r for r in caplog.records if "switched off" in r.getMessage()]
+
+
+def test_a_repetitive_completion_answers_200(server, plain):
+    answer, tokenizer = plain
+    for _ in range(2):  # the second time, the first is in the suffix store too
+        reply = post(server, "/completions", {"model": "tiny", "prompt": REPEATED})
+        assert reply.status_code == 200, reply.text
+        text = reply.json()["choices"][0]["text"]
+        assert text == answer(tokenizer.encode(REPEATED))
+
+
+@pytest.mark.parametrize("fmt", ["json_object", "json_schema"])
+def test_json_formats_answer_200_with_the_targets_answer(server, plain, fmt):
+    answer, tokenizer = plain
+    if fmt == "json_object":
+        response_format = {"type": "json_object"}
+        grammar = Grammar("json")
+    else:
+        schema = {"name": "person", "schema": PERSON}
+        response_format = {"type": "json_schema", "json_schema": schema}
+        grammar = Grammar("json_schema", json.dumps(PERSON))
+    for _ in range(2):
+        reply = client(server).chat.completions.create(
+            model="tiny", messages=ASK, response_format=response_format
+        )
+        want = answer(encode_messages(tokenizer, ASK), grammar)
+        assert reply.choices[0].message.content == want
