@@ -35,8 +35,9 @@ def load_gguf_model(folder: Path) -> nn.Module:
     )
     factors = rope_factors(header, weights)
     weights = to_mlx(header, config, weights)
-    if hasattr(model, "sanitize"):
-        weights = model.sanitize(weights)
+    # No second model.sanitize: load_model ran it (on no weights), which did what it does to the
+    # model itself (gemma3_text drops a tied lm_head, and a second call fails on it); to_mlx
+    # gives mlx-lm's names already.
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:

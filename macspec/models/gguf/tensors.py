@@ -4,8 +4,10 @@ MLX's affine quantization keeps, per group of 32 values, a scale and a bias (val
 + bias), q packed little-endian into uint32 words. llama.cpp's Q4_0, Q4_1 and Q8_0 blocks are
 that shape (an fp16 scale, an fp16 minimum or an implied offset, 32 values), so their bits come
 across unchanged: the layout `mx.load` gives them. A file of only `mx.load`'s types is read by
-`mx.load` (one call, in C++); any other file tensor by tensor through `CONVERTERS`, which gives
-the same arrays for those types and is where other types (K-quants) plug in.
+`mx.load` (one call, in C++), or tensor by tensor through `CONVERTERS`, which gives the same
+arrays. A file with other types (K-quants, Q5_0, i-quants) is read through `kquants`: every
+quantized tensor with float32 scales, so the whole model computes in float32, as gguf's own
+dequantization does (`mx.load`'s float16 scales would make Q8_0 embeddings float16).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
+from macspec.models.gguf import kquants
 from macspec.models.gguf.header import GGUFHeader
 
 Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
@@ -98,23 +101,33 @@ CONVERTERS: dict[Q, Converter] = {
 the values `gguf.quants.dequantize` gives)."""
 
 
+def readable_types() -> list[Q]:
+    """Every tensor type macspec reads."""
+    return [qtype for qtype in Q if qtype in CONVERTERS or kquants.convertible(qtype)]
+
+
 def unreadable(header: GGUFHeader) -> list[tuple[str, Q]]:
     """The tensors of a type no converter reads, in file order."""
-    return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in CONVERTERS]
+    readable = readable_types()
+    return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in readable]
 
 
 def read_tensors(header: GGUFHeader, use_mx_load: bool = True) -> dict[str, mx.array]:
     """Every tensor, by GGUF name (`blk.0.attn_q.weight`, with `.scales`/`.biases` beside a
     quantized one), evaluated. `use_mx_load` False converts even what `mx.load` would read
     (tests compare the two)."""
-    if use_mx_load and all(t.qtype in MX_LOAD_TYPES for t in header.tensors.values()):
+    mx_loadable = all(t.qtype in MX_LOAD_TYPES for t in header.tensors.values())
+    if use_mx_load and mx_loadable:
         return mx.load(str(header.path))
     out: dict[str, mx.array] = {}
     with open(header.path, "rb") as file:
         for tensor in header.tensors.values():
             file.seek(tensor.start)
             raw = np.frombuffer(file.read(tensor.nbytes), np.uint8)
-            parts = CONVERTERS[tensor.qtype](raw, tensor.shape)
+            if mx_loadable or tensor.qtype in (Q.F32, Q.F16, Q.BF16):
+                parts = CONVERTERS[tensor.qtype](raw, tensor.shape)
+            else:
+                parts = kquants.convert(tensor.qtype, raw, tensor.shape, name=tensor.name)
             stem = tensor.name.removesuffix(".weight")
             out.update({stem + "." + part: value for part, value in parts.items()})
             mx.eval(list(parts.values()))  # one tensor's conversion at a time: peak memory
