@@ -3,7 +3,7 @@ and 8 (acceptance, tokens per target pass, greedy output checked against plain d
 loading the file against the same weights as an mlx-lm folder (time, peak memory), each load
 in a fresh process.
 
-    python scripts/gguf_figures.py [--prompts N] [--max-tokens N] [--loads N]
+    python scripts/figures/gguf_figures.py [--prompts N] [--max-tokens N] [--loads N]
 
 The mlx-lm folder is written from `mx.load`'s arrays (llama.cpp's row order read by traditional
 rope), as tests/ggufkit.py writes it. Prints one JSON object and a short table.

@@ -20,7 +20,7 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models.gguf.config import build_config, check_architecture
 from macspec.models.gguf.header import MAGIC, GGUFHeader, read_header
-from macspec.models.gguf.tensors import CONVERTERS, unreadable
+from macspec.models.gguf.tensors import readable_types, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
 from macspec.models.home import macspec_home
 
@@ -45,7 +45,7 @@ def check_types(header: GGUFHeader) -> None:
     if refused:
         name, qtype = refused[0]
         kinds = sorted({q.name for _, q in refused})
-        readable = ", ".join(q.name for q in CONVERTERS)
+        readable = ", ".join(q.name for q in readable_types())
         raise MacspecError(
             f"{header.path}: tensor {name} is {qtype.name} ({', '.join(kinds)} in this file); "
             f"macspec reads GGUF tensors of types {readable}"

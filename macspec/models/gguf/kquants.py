@@ -22,6 +22,7 @@ kept as float16 (the measured default: greedy agreement unchanged) or requantize
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
 import mlx.core as mx
@@ -167,18 +168,26 @@ def affine_bits(tensor_type: int | Q, requantize_bits: int | None = None) -> int
     return requantize_bits
 
 
+@functools.cache
+def convertible(qtype: Q) -> bool:
+    """Whether `convert` reads the type: an exact form, a float, or gguf dequantizes it (tried
+    on one zero block)."""
+    if qtype in EXACT or qtype in FLOAT_TYPES or qtype == Q.BF16:
+        return True
+    try:
+        quants.dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def check_convertible(tensor_type: int | Q, name: str = "tensor") -> None:
     """Refuse, in one line naming the type, what neither this module nor gguf can convert."""
     qtype = gguf_type(tensor_type)
-    if qtype in EXACT or qtype in FLOAT_TYPES or qtype == Q.BF16:
-        return
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    try:
-        quants.dequantize(np.zeros((1, type_size), np.uint8), qtype)
-    except NotImplementedError:
+    if not convertible(qtype):
         raise MacspecError(
             f"{name}: GGUF type {qtype.name} cannot be converted (gguf cannot dequantize it)"
-        ) from None
+        )
 
 
 def _blocks(raw: np.ndarray, qtype: Q, shape: tuple[int, ...], name: str) -> np.ndarray:

@@ -4,7 +4,10 @@ MLX's affine quantization keeps, per group of 32 values, a scale and a bias (val
 + bias), q packed little-endian into uint32 words. llama.cpp's Q4_0, Q4_1 and Q8_0 blocks are
 that shape (an fp16 scale, an fp16 minimum or an implied offset, 32 values), so their bits come
 across unchanged: the layout `mx.load` gives them (tests hold the arrays equal). Every file is
-read tensor by tensor through `CONVERTERS`, where other types (K-quants) plug in.
+read tensor by tensor through `CONVERTERS`. A file with other types (K-quants, Q5_0, i-quants) is
+read through `kquants`: every quantized tensor with float32 scales, so the whole model computes
+in float32 as gguf's own dequantization does (float16 scales would make Q8_0 embeddings, and so
+every activation after them, float16).
 """
 
 from __future__ import annotations
@@ -85,21 +88,6 @@ def _q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     return _affine(q, scales, scales * -128, shape)
 
 
-def _kquant(qtype: Q) -> Converter:
-    def convert(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
-        return kquants.convert(qtype, raw, shape)
-
-    return convert
-
-
-def _dequantizable(qtype: Q) -> bool:
-    try:
-        kquants.check_convertible(qtype)
-    except MacspecError:
-        return False
-    return True
-
-
 CONVERTERS: dict[Q, Converter] = {
     Q.F32: _float("<f4"),
     Q.F16: _float("<f2"),
@@ -108,14 +96,9 @@ CONVERTERS: dict[Q, Converter] = {
     Q.Q4_1: _q4_1,
     Q.Q8_0: _q8_0,
 }
-# K-quants and the rest (kquants.py): exact affine weights where the format allows (Q4_K, Q5_K,
-# Q5_0, Q5_1), else gguf's dequantization kept as float16. mx.load's own types keep the layout
-# mx.load gives them (float16 scales), above.
-CONVERTERS.update(
-    {qtype: _kquant(qtype) for qtype in Q if qtype not in CONVERTERS and _dequantizable(qtype)}
-)
-"""Every tensor type macspec reads; another type is one more entry (and a test that it gives
-the values `gguf.quants.dequantize` gives)."""
+"""The types `mx.load` reads, converted to the arrays it gives; every other type goes through
+`kquants.convert`."""
+FLOAT_TYPES = frozenset({Q.F32, Q.F16, Q.BF16})
 
 
 def exactness(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
@@ -123,16 +106,32 @@ def exactness(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
     exact: dict[str, int] = {}
     inexact: dict[str, int] = {}
     for tensor in header.tensors.values():
-        counts = (
-            exact if kquants.is_exact(tensor.qtype) or tensor.qtype in MX_LOAD_TYPES else inexact
-        )
+        counts = exact if kquants.is_exact(tensor.qtype) else inexact
         counts[tensor.qtype.name] = counts.get(tensor.qtype.name, 0) + 1
     return exact, inexact
 
 
+def readable_types() -> list[Q]:
+    """Every tensor type macspec reads."""
+    return [qtype for qtype in Q if qtype in CONVERTERS or kquants.convertible(qtype)]
+
+
 def unreadable(header: GGUFHeader) -> list[tuple[str, Q]]:
     """The tensors of a type no converter reads, in file order."""
-    return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in CONVERTERS]
+    readable = readable_types()
+    return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in readable]
+
+
+def converter(header: GGUFHeader, qtype: Q, name: str) -> Converter:
+    """How this file's tensor of `qtype` is read: as `mx.load` would in a file of only its
+    types, else (floats aside) through kquants with float32 scales."""
+    if qtype in FLOAT_TYPES or all(t.qtype in CONVERTERS for t in header.tensors.values()):
+        return CONVERTERS[qtype]
+
+    def convert(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
+        return kquants.convert(qtype, raw, shape, name=name)
+
+    return convert
 
 
 CHUNK_BYTES = 8 << 20
@@ -148,12 +147,13 @@ def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     with open(header.path, "rb") as file:
         for tensor in header.tensors.values():
             stem = tensor.name.removesuffix(".weight")
-            for part, value in _convert(file, tensor).items():
+            read = converter(header, tensor.qtype, tensor.name)
+            for part, value in _convert(file, tensor, read).items():
                 out[tensor.name if part == "weight" else f"{stem}.{part}"] = value
     return out
 
 
-def _convert(file, tensor: TensorEntry) -> dict[str, mx.array]:
+def _convert(file, tensor: TensorEntry, read: Converter) -> dict[str, mx.array]:
     """One tensor through its converter, a slab of whole rows at a time."""
     rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
     row_bytes = tensor.nbytes // rows
@@ -166,7 +166,7 @@ def _convert(file, tensor: TensorEntry) -> dict[str, mx.array]:
         if raw.size < count * row_bytes:  # cut short since its header was read
             raise MacspecError(f"{file.name}: truncated at tensor {tensor.name}")
         shape = (count, *tensor.shape[1:]) if len(tensor.shape) > 1 else tensor.shape
-        slab = CONVERTERS[tensor.qtype](raw, shape)
+        slab = read(raw, shape)
         if count == rows:
             out = slab
         else:  # written into the whole tensor in place (its buffer donated to each update)
