@@ -123,7 +123,7 @@ def test_run_cli_raw_answers_from_the_file(gemma, answers, capsys, monkeypatch):
 def test_seeded_sampling_with_suffix_is_plain_seeded(gemma):
     _, _, loaded, _ = gemma
     prompt = loaded.tokenizer.encode(COPYING)
-    config = GenerationConfig(max_tokens=MAX_TOKENS, sampling=SamplingParams(0.8), seed=4)
+    config = GenerationConfig(max_tokens=4, sampling=SamplingParams(0.8), seed=4)
     plain = list(Engine(loaded.target, loaded.tokenizer).generate(prompt, config))[-1]
     drafting = Engine(loaded.target, loaded.tokenizer, SuffixDrafter(), FixedPolicy(4))
     done = list(drafting.generate(prompt, config))[-1]

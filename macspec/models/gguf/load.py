@@ -11,7 +11,7 @@ import mlx.nn as nn
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.config import quantization, rope_factors, to_mlx
-from macspec.models.gguf.folder import check_types, gguf_source
+from macspec.models.gguf.folder import check_types, gguf_entry
 from macspec.models.gguf.header import read_header
 from macspec.models.gguf.tensors import read_tensors
 
@@ -20,15 +20,15 @@ def load_gguf_model(folder: Path) -> nn.Module:
     """The model of a folder `gguf_folder` derived; one line when its file changed or went."""
     from mlx_lm.utils import load_model
 
-    path = gguf_source(folder)
-    if path is None:
+    entry = gguf_entry(folder)
+    if entry is None:
         raise MacspecError(f"{folder}: not a GGUF model folder")
-    header = read_header(path)
+    path = Path(entry["file"])
+    header = read_header(path, strings=False)
+    if header.identity() != entry.get("identity"):  # changed since this folder was derived
+        raise MacspecError(f"{path}: changed since it was read; name the file again to reload it")
     check_types(header)
-    try:
-        weights = read_tensors(header)
-    except RuntimeError as exc:  # mx.load on a file changed since its header was read
-        raise MacspecError(f"{path}: cannot read its tensors ({exc})") from None
+    weights = read_tensors(header)
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
     model, config = load_model(
         folder, lazy=True, strict=False, model_config=quantization(header, weights)
