@@ -16,6 +16,7 @@ might pay.
 
 from __future__ import annotations
 
+from copy import deepcopy
 from dataclasses import replace
 
 from macspec.engine.caches import tree_attention as treeattn
@@ -190,14 +191,23 @@ class TreePolicy(DraftPolicy):
     def reason(self) -> str | None:  # --draft auto's words on its choice
         return self.inner.reason
 
-    def bind(self, engine) -> None:
-        """Check once that the engine's target can verify trees."""
+    def bind(self, engine, checked: tuple[str | None] | None = None) -> None:
+        """Check once that the engine's target can verify trees; `checked`: (the note why not,
+        or None) from an engine that checked its own passes (a batch: `engine` is the row)."""
         self._engine = engine
+        if checked is not None:
+            (self.note,), self._checked = checked, True
+            return
         target = engine.target
         self._recurrent = treeattn.branches_recurrent(target.model, target.cache)
         why = treeattn.tree_ready(target.model, target.cache)
         if why is not None:
             self.note = f"tree off: the target {why}; chains"
+
+    def carry_from(self, learned: DraftPolicy) -> None:
+        if isinstance(learned, TreePolicy):  # a batch's new row: the measured ranks and costs
+            self.inner.carry_from(learned.inner)
+            self.stats = {name: deepcopy(ranks) for name, ranks in learned.stats.items()}
 
     def draft_length(self) -> int:
         k = self.inner.draft_length()
