@@ -1,23 +1,28 @@
 """Draft trees in a batch (engine/batch/tree.py): rows with trees of different sizes, chain rows
 and rows under a grammar share one target pass, and every row is exactly what the same request
-alone produces (mlx-lm's greedy decoding; plain decoding's seeded samples), on full attention
-and sliding windows; a target with recurrent layers verifies chains and says so; a drafter that
-fails while growing a tree is switched off for its row only."""
+alone produces (mlx-lm's greedy decoding; plain decoding's seeded samples), on full attention,
+sliding windows and Gated DeltaNet layers (one state per branch); other recurrent targets verify
+chains and say so; a drafter that fails while growing a tree is switched off for its row only;
+`macspec serve --max-batch 4 --draft-tree 8` serves trees in shared passes."""
 
 from __future__ import annotations
 
 import itertools
 
 import pytest
+import tiny
 from losslesskit import PROMPTS, done_of, reference
 from mlx_lm.models.cache import KVCache
 from test_batch import models, run_all, seeded_alone
+from treekit import mtp_head
 
 from macspec.engine.batch.engine import BatchEngine
 from macspec.engine.batch.tree import RECURRENT_NOTE
 from macspec.engine.core.events import Cycle
 from macspec.engine.core.grammar import Grammar
+from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.drafters.model import ModelDrafter
+from macspec.engine.drafters.mtp import MTPDrafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
 from macspec.engine.trees.sizing import make_tree_policy
@@ -96,6 +101,28 @@ def test_a_grammar_row_keeps_chains_beside_tree_rows(tok):
     assert rows[0].done.stats.tree_cycles and rows[2].done.stats.tree_cycles
     # The grammar row's masks were applied in passes that verified the other rows' trees.
     assert any(c.rows > 1 for c in rows[1].events if isinstance(c, Cycle))
+
+
+def test_gated_deltanet_rows_branch_their_state_in_a_batch(tok):
+    """Qwen3.5's Gated DeltaNet layers in a batch's pass over trees: every batch row's state
+    follows its own tree (one state per branch), and each row keeps its kept path's state, so
+    nothing is fed again; greedy rows and a seeded row are the target alone."""
+    target = tiny.near_bigram(tiny.arch_model("qwen3_5", 0, scale=3.0), mix=0.02)
+    head = mtp_head(target)
+    prompts = [tok.encode(text) for text in PROMPTS[:4]]
+    seeded = GenerationConfig(max_tokens=10, sampling=SamplingParams(temperature=0.8), seed=7)
+    configs = [GenerationConfig(max_tokens=m) for m in MAX_TOKENS[:3]] + [seeded]
+    wants = [done_of(Engine(target, tok).generate(p, c)).tokens for p, c in zip(prompts, configs)]
+    turns = itertools.chain(["8"], itertools.cycle(SIZES))
+    policy = lambda d: make_tree_policy(next(turns), FixedPolicy(3))  # noqa: E731
+    engine = BatchEngine(target, tok, lambda: MTPDrafter(head, target), policy)
+    rows = run_all(engine, prompts, configs)
+    assert [row.done.tokens for row in rows] == wants
+    assert engine.tree_note is None
+    assert all(row.done.stats.tree_cycles for i, row in enumerate(rows) if i != 2)
+    assert sum(row.done.stats.draft_accepted for row in rows) > 0
+    assert all(row.done.stats.refed_tokens == 0 for row in rows)
+    assert any(c.rows > 1 for row in rows for c in tree_cycles(row))
 
 
 def test_a_recurrent_target_verifies_chains_and_says_so(tok):

@@ -25,7 +25,7 @@ import mlx.nn as nn
 from macspec.engine.batch import tree as batchtree
 from macspec.engine.batch.draft import BatchDraftModel
 from macspec.engine.batch.pricing import BatchPricing
-from macspec.engine.batch.row import Row, RowView, plan_row, row_verdict, settle_chain
+from macspec.engine.batch.row import Row, RowView, plan_row, room, row_verdict, settle_chain
 from macspec.engine.batch.tree import TreePlan
 from macspec.engine.caches import recurrent
 from macspec.engine.caches.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
@@ -35,9 +35,9 @@ from macspec.engine.core.events import Cycle, Prefill, Source
 from macspec.engine.core.grammar import Constraint
 from macspec.engine.core.taps import Hidden, Taps
 from macspec.engine.drafters.guard import DrafterGuard
-from macspec.engine.drafters.protocol import Draft, Drafter
+from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.generate.answer import AnswerState
-from macspec.engine.policy.length import AutoPolicy, DraftPolicy
+from macspec.engine.policy.length import DraftPolicy
 from macspec.engine.trees.sizing import TreePolicy
 
 PREFILL_CHUNK = 512
@@ -131,8 +131,8 @@ class BatchEngine:
             if not self._tree_checked:  # a small tree pass against the sequential one, once
                 self._tree_checked = True
                 ids = (prompt * 3)[-3:]
-                self.tree_note = batchtree.tree_note(self.model, self.caches, self.recurrent, ids)
-            batchtree.bind(row, self.tree_note)
+                self.tree_note = batchtree.tree_note(self.model, self.caches, self.rewinds, ids)
+            batchtree.bind(row, self.tree_note, self.recurrent)
         row.events.append(Prefill(len(prompt), len(prompt) - len(pending)))
         self.joining.append(row)
         return row
@@ -167,11 +167,11 @@ class BatchEngine:
         if not rows:
             return
         begun = time.perf_counter()
-        ks = [min(k, self._room(row)) for row, k in zip(rows, self._draft_lengths(rows))]
+        ks = [min(k, room(row)) for row, k in zip(rows, self.pricing.draft_lengths(rows))]
         # A grammar's forced ids are a row's guesses for free: it drafts nothing this cycle.
-        forced = [r.constraint.forced()[: self._room(r)] if r.constraint else [] for r in rows]
+        forced = [r.constraint.forced()[: room(r)] if r.constraint else [] for r in rows]
         ks = [0 if ids else k for k, ids in zip(ks, forced)]
-        drafts = self._batch_drafts(rows, ks) if self.batch_draft is not None else None
+        drafts = self.batch_draft.for_rows(rows, ks) if self.batch_draft is not None else None
         plans = []
         for i, (row, k) in enumerate(zip(rows, ks)):
             tree = batchtree.plan_tree(row, k) if self.trees and not forced[i] else None
@@ -195,11 +195,12 @@ class BatchEngine:
         states = [c for c in self.caches if isinstance(c, RowsArraysCache)]
         before = [c.prepare_pass(widths, width) for c in states]
         with ExitStack() as stack:
-            record, ancestry = None, {}
+            record, ancestry, branched = None, {}, None
             if self.rewinds:
                 record = stack.enter_context(recurrent.recording(recurrent.PassRecord()))
             if any(isinstance(plan, TreePlan) for plan in plans):
-                ancestry = stack.enter_context(batchtree.tree_pass(self.caches, plans, width))
+                trees = batchtree.tree_pass(self.caches, plans, width, self.rewinds)
+                ancestry, branched = stack.enter_context(trees)
             hidden = None
             if self.taps is not None:
                 hidden = stack.enter_context(self.taps.record(batch=True))
@@ -227,8 +228,10 @@ class BatchEngine:
         returned = []
         for i, (row, plan, values) in enumerate(zip(rows, plans, read)):
             if isinstance(plan, TreePlan):
-                batchtree.settle_tree(self, row, i, plan, values, hidden, len(rows), times)
+                path = batchtree.settle_tree(self, row, i, plan, values, hidden, len(rows), times)
                 returned.append(None)
+                if branched is not None:  # the recurrent state after the row's kept path
+                    batchtree.keep_states(self.caches, branched, i, path)
                 continue
             if hidden is not None:
                 part = Hidden(
@@ -237,6 +240,11 @@ class BatchEngine:
                 )
                 row.guard.call("add_hidden", row.drafter.add_hidden, row.fed, part)
             valid = settle_chain(self, row, plan, values, len(rows), times)
+            if branched is not None:  # a chain in a pass over trees: its kept rows' state
+                batchtree.keep_states(self.caches, branched, i, range(valid or widths[i]))
+                row.fed += valid or 0
+                returned.append(None)
+                continue
             returned.append(valid if valid is not None and not self.rewinds else None)
             if valid is not None and self.rewinds:  # recomputed at the kept ids, exactly
                 for j, c in enumerate(states):
@@ -250,50 +258,6 @@ class BatchEngine:
         for rows_cache in self.caches:
             rows_cache.set_lengths([row.fed for row in rows])
         self._leave()
-
-    def _draft_lengths(self, rows: list[Row]) -> list[int]:
-        """Each row's draft length: rows with a cost-aware policy priced together on the
-        batched pass (batch_policy.py), the others as their own policy says."""
-        lengths = [0] * len(rows)
-        priced = []
-        for i, row in enumerate(rows):
-            if row.drafter is None or not row.guard.on:
-                continue
-            if type(row.policy) is AutoPolicy:
-                priced.append(i)
-            else:
-                lengths[i] = row.policy.draft_length()
-        if priced:
-            widths = [len(rows[i].context) - rows[i].fed for i in priced]
-            caps = [self._room(rows[i]) for i in priced]
-            policies = [rows[i].policy for i in priced]
-            for i, k in zip(priced, self.pricing.allocate(policies, widths, caps)):
-                lengths[i] = k
-        return lengths
-
-    @staticmethod
-    def _room(row: Row) -> int:
-        """Most guesses a row may take: the target adds one token of its own."""
-        return max(0, row.answer.config.max_tokens - len(row.answer.tokens) - 1)
-
-    def _batch_drafts(self, rows: list[Row], ks: list[int]) -> list[Draft] | None:
-        """Every row's draft from the draft model's batched steps (None: nobody guesses)."""
-        if not any(ks):
-            return None
-        params = [row.answer.config.sampling for row in rows]
-        draws = [
-            row.answer.rng.draws(k, len(row.context)) if row.answer.rng is not None and k else None
-            for row, k in zip(rows, ks)
-        ]
-        floors = [row.policy.confidence_floor for row in rows]
-        contexts = [row.context for row in rows]
-        try:
-            return self.batch_draft.propose(contexts, ks, params, draws, floors)
-        except Exception as exc:  # a guesser failed: these rows go plain
-            for row, k in zip(rows, ks):
-                if k:
-                    row.guard.fail("propose", exc)
-            return None
 
     def deliver(self, row: Row, cycle: Cycle, kept: list[int], learn: bool = True) -> None:
         """A settled cycle: the policy learns from it (`learn`), the answer takes its record

@@ -13,6 +13,7 @@ the rows' stats say so; guesses are probed now and then so the figures stay fres
 
 from __future__ import annotations
 
+from macspec.engine.batch.row import room
 from macspec.engine.core.stats import Ema
 from macspec.engine.policy.length import AutoPolicy
 
@@ -27,6 +28,26 @@ class BatchPricing:
         self._cycles = 0
         self.plain = False
         """Whether the last allocation gave no row a guess although some could draft."""
+
+    def draft_lengths(self, rows: list) -> list[int]:
+        """Each row's draft length (rows: the batch's `Row`s): rows with a cost-aware policy
+        priced together on the batched pass, the others as their own policy says."""
+        lengths = [0] * len(rows)
+        priced = []
+        for i, row in enumerate(rows):
+            if row.drafter is None or not row.guard.on:
+                continue
+            if type(row.policy) is AutoPolicy:
+                priced.append(i)
+            else:
+                lengths[i] = row.policy.draft_length()
+        if priced:
+            widths = [len(rows[i].context) - rows[i].fed for i in priced]
+            caps = [room(rows[i]) for i in priced]
+            policies = [rows[i].policy for i in priced]
+            for i, k in zip(priced, self.allocate(policies, widths, caps)):
+                lengths[i] = k
+        return lengths
 
     def observe(self, total_ids: int, seconds: float) -> None:
         """A batched pass over `total_ids` ids (padding included) took `seconds`."""

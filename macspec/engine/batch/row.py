@@ -52,6 +52,11 @@ class Row:
         return self.alone is None and self.done is None
 
 
+def room(row: Row) -> int:
+    """Most guesses a row may take: the target adds one token of its own."""
+    return max(0, row.answer.config.max_tokens - len(row.answer.tokens) - 1)
+
+
 def plan_row(
     row: Row, k: int, draft: Draft | None, forced: list[int], eos_ids: frozenset[int]
 ) -> tuple[list[int], Any, Draft | None, int]:

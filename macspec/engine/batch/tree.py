@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import ArraysCache, KVCache
 
 from macspec.engine.batch.row import Row
+from macspec.engine.caches import recurrent
 from macspec.engine.caches import tree_attention as treeattn
-from macspec.engine.caches.rows import RowsKVCache
+from macspec.engine.caches import tree_recurrent as treerecurrent
+from macspec.engine.caches.rows import RowsArraysCache, RowsKVCache
 from macspec.engine.core.cycle import Cycle
 from macspec.engine.core.taps import Hidden
 from macspec.engine.trees import propose as treedraft
@@ -37,7 +39,8 @@ from macspec.engine.trees.sizing import TreePolicy
 from macspec.engine.trees.verdict import ancestors, positions, visibility
 
 RECURRENT_NOTE = (
-    "tree off: the target has recurrent layers, which a batch cannot branch yet; chains"
+    "tree off: the target has recurrent layers other than Gated DeltaNet, which a batch "
+    "cannot branch; chains"
 )
 
 
@@ -57,22 +60,28 @@ class TreePlan:
         return mx.concatenate([mx.array(self.pending, mx.uint32), self.tree.tokens])
 
 
-def tree_note(model, caches: list, recurrent: bool, ids: list[int]) -> str | None:
+def tree_note(model, caches: list, branches: bool, ids: list[int]) -> str | None:
     """Why the batch's rows cannot verify trees (None: they can), checked once: a small tree
-    pass against the sequential one (`ids`: 3 ids of real text)."""
-    if recurrent:
+    pass against the sequential one (`ids`: 3 ids of real text). `branches`: whether every
+    recurrent layer (if any) is Gated DeltaNet, whose state a tree pass branches."""
+    recurrent_layers = any(isinstance(c, RowsArraysCache) for c in caches)
+    if recurrent_layers and not branches:
         return RECURRENT_NOTE
     if treeattn.install(model) == 0:
         return "tree off: the target has no rope module to place tree nodes at their depth; chains"
-    fresh = [KVCache() for _ in caches]  # a few ids: no window is reached
+    # A few ids: no window is reached, so plain attention caches stand for windowed ones.
+    fresh = [
+        ArraysCache(len(c.cache)) if isinstance(c, RowsArraysCache) else KVCache() for c in caches
+    ]
     why = treeattn.check_tree_pass(model, fresh, ids)
     return why and f"tree off: {why}; chains"
 
 
-def bind(row: Row, note: str | None) -> None:
-    """A row with a tree policy learns whether it may grow trees (it drafts for itself)."""
+def bind(row: Row, note: str | None, recurrent_layers: bool) -> None:
+    """A row with a tree policy learns whether it may grow trees (it drafts for itself), and
+    whether they need a fixed shape (recurrent layers branch along the shape's parents)."""
     if isinstance(row.policy, TreePolicy):
-        row.policy.bind(row, checked=(note,))
+        row.policy.bind(row, checked=(note, recurrent_layers))
 
 
 def plan_tree(row: Row, k: int) -> TreePlan | None:
@@ -95,12 +104,16 @@ def width_of(plan) -> int:
 
 
 @contextmanager
-def tree_pass(caches: list, plans: list, width: int) -> Iterator[dict[int, mx.array]]:
-    """The batch's pass over `plans` with trees among them: each row's mask and positions;
-    yields each tree row's ancestry (by row index), which its verdict reads."""
+def tree_pass(
+    caches: list, plans: list, width: int, recurrent: bool
+) -> Iterator[tuple[dict[int, mx.array], treerecurrent.RowsTreeRecord | None]]:
+    """The batch's pass over `plans` with trees among them: each row's mask and positions,
+    and (`recurrent`: Gated DeltaNet layers) each pass row's parent. Yields each tree row's
+    ancestry (by row index), which its verdict reads, and the recurrent layers' record."""
     rows = len(plans)
     place = mx.repeat(mx.arange(width, dtype=mx.int32)[None], rows, axis=0)
     sees = mx.repeat(mx.tril(mx.ones((width, width), mx.bool_))[None], rows, axis=0)
+    parents = [list(range(-1, width - 1)) for _ in plans]  # chains, padding included
     ancestry = {}
     for i, plan in enumerate(plans):
         if isinstance(plan, TreePlan):
@@ -108,15 +121,32 @@ def tree_pass(caches: list, plans: list, width: int) -> Iterator[dict[int, mx.ar
             ancestry[i] = ancestors(plan.tree)
             place[i, :n] = positions(plan.tree, fed)
             sees[i, :n, :n] = visibility(ancestry[i], fed)
+            if recurrent:
+                shape = plan.tree.shape
+                parents[i][fed:n] = [fed + p if p >= 0 else fed - 1 for p in shape.parents]
     layers = [c for c in caches if isinstance(c, RowsKVCache)]
     for c in layers:
         c.tree = (place, sees)
+    record = treerecurrent.RowsTreeRecord(parents) if recurrent else None
     try:
-        with treeattn.rows_positions(place):
-            yield ancestry
+        with ExitStack() as stack:
+            stack.enter_context(treeattn.rows_positions(place))
+            if record is not None:
+                stack.enter_context(treerecurrent.tree_rows(record))
+            yield ancestry, record
     finally:
         for c in layers:
             c.tree = None
+
+
+def keep_states(caches: list, record: treerecurrent.RowsTreeRecord, row: int, path) -> None:
+    """After a pass over trees: batch row `row`'s recurrent layers take their state after its
+    pass rows `path` (its kept chain of rows, from the first)."""
+    update = recurrent.original_update()
+    layers = [c for c in caches if isinstance(c, RowsArraysCache)]
+    for index, c in enumerate(layers):
+        conv, state = treerecurrent.rows_kept(record, index, row, list(path), update)
+        c.cache[0][row : row + 1], c.cache[1][row : row + 1] = conv, state
 
 
 def tree_row_verdict(
@@ -130,9 +160,10 @@ def tree_row_verdict(
 
 
 def settle_tree(engine, row: Row, index: int, plan: TreePlan, values: list[int], hidden,
-                rows: int, times: tuple[float, float, float]) -> None:  # fmt: skip
+                rows: int, times: tuple[float, float, float]) -> list[int]:  # fmt: skip
     """After the read: keep the row's path in its caches, hand its drafter the kept hidden
-    states, release and roll back the drafter, record the cycle and deliver the ids."""
+    states, release and roll back the drafter, record the cycle and deliver the ids. Returns
+    the pass rows kept (the ids fed again, then the path's nodes)."""
     begun, drafted, verified = times
     tree, fed = plan.tree, len(plan.pending)
     n, token, stop_rank, path, path_ids, path_ranks, ends = read_tree(values, tree, engine.eos_ids)
@@ -140,8 +171,9 @@ def settle_tree(engine, row: Row, index: int, plan: TreePlan, values: list[int],
     for c in engine.caches:
         if isinstance(c, RowsKVCache):
             c.keep_path(index, start, path[:n])
+    kept_rows = list(range(fed)) + [fed + node for node in path[:n]]
     if hidden is not None:
-        kept = mx.array(list(range(fed)) + [fed + node for node in path[:n]], mx.int32)
+        kept = mx.array(kept_rows, mx.int32)
         part = Hidden(
             final=None if hidden.final is None else hidden.final[index][kept],
             layers={k: v[index][kept] for k, v in hidden.layers.items()},
@@ -169,3 +201,4 @@ def settle_tree(engine, row: Row, index: int, plan: TreePlan, values: list[int],
         tree=tree_outcome(tree, n, ends, stop_rank, path, path_ranks),
     )
     engine.deliver(row, cycle, kept_ids)
+    return kept_rows

@@ -191,12 +191,13 @@ class TreePolicy(DraftPolicy):
     def reason(self) -> str | None:  # --draft auto's words on its choice
         return self.inner.reason
 
-    def bind(self, engine, checked: tuple[str | None] | None = None) -> None:
+    def bind(self, engine, checked: tuple[str | None, bool] | None = None) -> None:
         """Check once that the engine's target can verify trees; `checked`: (the note why not,
-        or None) from an engine that checked its own passes (a batch: `engine` is the row)."""
+        or None; whether recurrent layers branch) from an engine that checked its own passes
+        (a batch: `engine` is the row)."""
         self._engine = engine
         if checked is not None:
-            (self.note,), self._checked = checked, True
+            (self.note, self._recurrent), self._checked = checked, True
             return
         target = engine.target
         self._recurrent = treeattn.branches_recurrent(target.model, target.cache)
