@@ -8,6 +8,8 @@ chains and say so; a drafter that fails while growing a tree is switched off for
 from __future__ import annotations
 
 import itertools
+import random
+from types import SimpleNamespace
 
 import pytest
 import tiny
@@ -18,6 +20,7 @@ from treekit import mtp_head
 
 from macspec.engine.batch.engine import BatchEngine
 from macspec.engine.batch.tree import RECURRENT_NOTE
+from macspec.engine.core.cycle import TreeOutcome
 from macspec.engine.core.events import Cycle
 from macspec.engine.core.grammar import Grammar
 from macspec.engine.core.sampling import SamplingParams
@@ -25,11 +28,13 @@ from macspec.engine.drafters.model import ModelDrafter
 from macspec.engine.drafters.mtp import MTPDrafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
-from macspec.engine.trees.sizing import make_tree_policy
+from macspec.engine.trees.ranks import RankStats
+from macspec.engine.trees.sizing import TreePolicy, make_tree_policy
 
-MAX_TOKENS = [14, 9, 16, 12]
-SIZES = ["8", "4", "off", "16"]
-"""Each row's --draft-tree, in the order rows join: trees of three sizes and a chain row."""
+MAX_TOKENS = [14, 9, 16, 12, 10]
+SIZES = ["8", "4", "off", "16", "auto"]
+"""Each row's --draft-tree, in the order rows join: trees of three sizes, a chain row, and a
+row whose tree size the batch prices on its passes."""
 
 
 def draft_model(draft) -> ModelDrafter:
@@ -56,7 +61,7 @@ def tree_cycles(row) -> list[Cycle]:
 @pytest.mark.parametrize("kind", ["llama", "gemma3_text"])
 def test_rows_with_trees_of_their_own_sizes_are_the_target_alone(tok, kind):
     target, draft = models(kind)
-    prompts = [tok.encode(text) for text in PROMPTS[:4]]
+    prompts = [tok.encode(text) for text in PROMPTS[:5]]
     wants = [reference(target, p, m) for p, m in zip(prompts, MAX_TOKENS)]
     engine = tree_engine(tok, target, draft)
     assert engine.trees and engine.batch_draft is None  # each row grows its own tree
@@ -64,7 +69,7 @@ def test_rows_with_trees_of_their_own_sizes_are_the_target_alone(tok, kind):
     for row, want in zip(rows, wants):
         assert row.done.tokens == want, kind
     sized = {row.done.stats.tree_nodes / row.done.stats.tree_cycles for row in rows[:2]}
-    assert all(row.done.stats.tree_cycles > 0 for i, row in enumerate(rows) if i != 2)
+    assert all(row.done.stats.tree_cycles > 0 for row in (rows[0], rows[1], rows[3]))
     assert len(sized) == 2  # the 8-node and the 4-node rows grew trees of their own sizes
     assert rows[2].done.stats.tree_cycles == 0 and rows[2].done.stats.draft_proposed
     assert all(row.done.stats.tree_note is None for row in rows)
@@ -216,3 +221,58 @@ def test_serve_batches_requests_with_trees(tmp_path, monkeypatch):
         assert answers[i].choices[0].message.content == expected.text(messages[i], length)
     figures = [answers[i].model_extra["macspec"] for i in answers]
     assert any(f["tree_cycles"] > 0 and f["rows_per_pass"] > 1 for f in figures), figures
+
+
+def measured_tree_policy(draft) -> TreePolicy:
+    """A `--draft-tree auto` row's policy (bound as a batch binds it) that has measured: the
+    drafter's first candidate kept 60% of the time at each depth, its second 50% of the rest."""
+    policy = make_tree_policy("auto", FixedPolicy(3))
+    row = SimpleNamespace(drafter=draft_model(draft), policy=policy)
+    policy.bind(row, checked=(None, False))
+    draw = random.Random(0).random
+    for _ in range(300):
+        ranks = []
+        while len(ranks) < 3:  # at each depth: the first candidate kept, else the second
+            rank = 0 if draw() < 0.6 else 1 if draw() < 0.5 else None
+            if rank is None:
+                break
+            ranks.append(rank)
+        outcome = TreeOutcome(8, 3, tuple(ranks), None, 2)
+        policy.stats.setdefault("model", RankStats()).observe(
+            Cycle(3, 8, len(ranks), 0.0, 0.0, 0.0, 3, 3, timed=False, tree=outcome)
+        )
+    return policy
+
+
+@pytest.mark.parametrize(
+    ("cost", "rows", "trees"),
+    [
+        (lambda m: 0.010 + 0.0001 * m, 2, "big"),  # a Mac's GPU, few rows: nodes nearly free
+        (lambda m: 0.001 * m, 4, "none"),  # a CPU: every node costs a pass's share
+        (lambda m: 0.010 + 2e-7 * m**2, 8, "smaller"),  # wide passes get dear
+    ],
+)
+def test_the_batch_prices_each_rows_tree_on_the_shared_pass(cost, rows, trees):
+    from macspec.engine.batch.pricing import BatchPricing
+
+    _, draft = models("llama")
+
+    def sizes(count: int) -> list[int]:
+        pricing = BatchPricing()
+        for m in range(1, 600):
+            pricing.observe(m, cost(m))
+        batch = [
+            SimpleNamespace(policy=measured_tree_policy(draft), context=[1, 2, 3], fed=2)
+            for _ in range(count)
+        ]
+        pricing.price_trees(batch, [3] * count)
+        plans = [row.policy.tree_plan(3, row.context, True) for row in batch]
+        return [plan.budget if plan is not None else 0 for plan in plans]
+
+    chosen = sizes(rows)
+    if trees == "none":
+        assert chosen == [0] * rows
+    else:  # `auto` trees run 8 deep here: 16 nodes and more
+        assert min(chosen) >= 16
+    if trees == "smaller":
+        assert max(chosen) < min(sizes(2))  # more rows: each gets a smaller tree
