@@ -11,6 +11,7 @@ import itertools
 import random
 from types import SimpleNamespace
 
+import mlx.core as mx
 import pytest
 import tiny
 from losslesskit import PROMPTS, done_of, reference
@@ -90,6 +91,22 @@ def test_seeded_rows_with_trees_are_their_seeded_samples_alone(tok):
     assert all(row.done.stats.sampler == "coupled" for row in rows)
 
 
+def test_unseeded_rows_verify_their_trees_by_the_rejection_rule(tok):
+    """Unseeded sampling (the multi-candidate rejection rule) at a temperature so low that the
+    target's distribution is its argmax: each row must then be the target's greedy answer,
+    through the rejection rule's own kept paths and their compaction."""
+    mx.random.seed(0)
+    target, draft = models("llama")
+    prompts = [tok.encode(text) for text in PROMPTS[6:9]]
+    wants = [reference(target, p, 10) for p in prompts]
+    cold = GenerationConfig(max_tokens=10, sampling=SamplingParams(temperature=0.01))
+    rows = run_all(tree_engine(tok, target, draft, ["8", "off", "16"]), prompts, [cold] * 3)
+    assert [row.done.tokens for row in rows] == wants
+    assert rows[0].done.stats.tree_cycles and rows[2].done.stats.tree_cycles
+    assert all(row.done.stats.sampler != "coupled" for row in rows)
+    assert rows[0].done.stats.draft_accepted + rows[2].done.stats.draft_accepted > 0
+
+
 def test_a_grammar_row_keeps_chains_beside_tree_rows(tok):
     target, draft = models("llama")
     prompts = [tok.encode(text) for text in PROMPTS[3:6]]
@@ -128,6 +145,9 @@ def test_gated_deltanet_rows_branch_their_state_in_a_batch(tok):
     assert sum(row.done.stats.draft_accepted for row in rows) > 0
     assert all(row.done.stats.refed_tokens == 0 for row in rows)
     assert any(c.rows > 1 for row in rows for c in tree_cycles(row))
+    for row in rows:  # each finished row's saved caches hold the ids they say they hold
+        saved = row.saved[0]
+        assert all(c.offset == len(saved.tokens) for c in saved.cache if isinstance(c, KVCache))
 
 
 def test_a_recurrent_target_verifies_chains_and_says_so(tok):

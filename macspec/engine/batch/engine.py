@@ -242,7 +242,6 @@ class BatchEngine:
             valid = settle_chain(self, row, plan, values, len(rows), times)
             if branched is not None:  # a chain in a pass over trees: its kept rows' state
                 batchtree.keep_states(self.caches, branched, i, range(valid or widths[i]))
-                row.fed += valid or 0
                 returned.append(None)
                 continue
             returned.append(valid if valid is not None and not self.rewinds else None)
@@ -250,7 +249,6 @@ class BatchEngine:
                 for j, c in enumerate(states):
                     conv, state = recurrent.states_after(record, j, valid, row=i)
                     c.cache[0][i : i + 1], c.cache[1][i : i + 1] = conv, state
-                row.fed += valid
         # Otherwise a row that kept fewer ids than it fed returns its recurrent state to before
         # the pass (attention is simply shorter), and feeds the kept ids again next cycle.
         for c, state in zip(states, before):

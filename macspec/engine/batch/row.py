@@ -138,8 +138,8 @@ def settle_chain(engine, row: Row, plan, values: list[int], rows: int,
         row.constraint.keep(kept)
     valid = len(pending) + n  # the verified ids that stay; the rest is never seen again
     returned = engine.recurrent and valid < len(pending) + len(guesses)
-    if not returned:
-        row.fed += valid  # else: rewound or restored (see `BatchEngine.step`)
+    if not returned or engine.rewinds:  # rewound to the kept ids, or restored (`step`)
+        row.fed += valid  # before `deliver`: a row that finishes holds what it was fed
     row.context += kept
     engine.draft_rollback(row, len(row.context) - 1)
     cycle = Cycle(
