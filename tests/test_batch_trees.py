@@ -17,7 +17,7 @@ import tiny
 from losslesskit import PROMPTS, done_of, reference
 from mlx_lm.models.cache import KVCache
 from test_batch import models, run_all, seeded_alone
-from treekit import mtp_head
+from treekit import OracleBlock, mtp_head
 
 from macspec.engine.batch.engine import BatchEngine
 from macspec.engine.batch.tree import RECURRENT_NOTE
@@ -31,6 +31,7 @@ from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
 from macspec.engine.trees.ranks import RankStats
 from macspec.engine.trees.sizing import TreePolicy, make_tree_policy
+from macspec.models.drafters import load_dflash
 
 MAX_TOKENS = [14, 9, 16, 12, 10]
 SIZES = ["8", "4", "off", "16", "auto"]
@@ -148,6 +149,28 @@ def test_gated_deltanet_rows_branch_their_state_in_a_batch(tok):
     for row in rows:  # each finished row's saved caches hold the ids they say they hold
         saved = row.saved[0]
         assert all(c.offset == len(saved.tokens) for c in saved.cache if isinstance(c, KVCache))
+
+
+def test_block_drafter_rows_verify_ddtree_and_shaped_trees_in_a_batch(tok, tmp_path):
+    """A block drafter's rows (DFlash: marginals sharp on the target's own tokens, from the
+    pass's hidden states) verify DDTree's trees and the measured shapes in shared passes."""
+    target = tiny.arch_model("qwen3", 0, scale=3.0)
+    folder = tiny.save_dflash_folder(tmp_path, target_layer_ids=(0, 1))
+    model = load_dflash(folder, tiny.CONFIGS[id(target)])
+    prompts = [tok.encode(text) for text in PROMPTS[:3]]
+    wants = [reference(target, p, 12) for p in prompts]
+    answers = {tuple(p): w for p, w in zip(prompts, wants)}
+    engine = BatchEngine(
+        target,
+        tok,
+        lambda: OracleBlock(model, target, answers, sharp=3.0),
+        lambda d: make_tree_policy("10", FixedPolicy(3)),
+    )
+    rows = run_all(engine, prompts, [GenerationConfig(max_tokens=12)] * 3)
+    assert [row.done.tokens for row in rows] == wants
+    grown = {c.tree.grown for row in rows for c in tree_cycles(row)}
+    assert grown == {"ddtree", "shape"}
+    assert sum(row.done.stats.draft_accepted for row in rows) > 0
 
 
 def test_a_recurrent_target_verifies_chains_and_says_so(tok):
