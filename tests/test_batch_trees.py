@@ -80,6 +80,30 @@ def test_rows_with_trees_of_their_own_sizes_are_the_target_alone(tok, kind):
     assert max(row.done.stats.rows_per_pass for row in rows) > 1
 
 
+def test_one_wait_per_batched_step_with_trees(tok):
+    """Every row's tree is grown and verified, and every verdict read, with one host-device
+    wait per batched step (the cycle's one read, for all rows)."""
+    from macspec.bench.waits import WaitCounter
+
+    target, draft = models("llama")
+    prompts = [tok.encode(text) for text in PROMPTS[:3]]
+    engine = tree_engine(tok, target, draft, ["8", "4", "16"])
+    seeded = GenerationConfig(max_tokens=16, sampling=SamplingParams(temperature=0.8), seed=3)
+    configs = [GenerationConfig(max_tokens=16), seeded, GenerationConfig(max_tokens=16)]
+    rows = [engine.admit(p, c) for p, c in zip(prompts, configs)]
+    for row in rows:
+        while not engine.prefill_step(row):
+            pass
+    steps = []
+    with WaitCounter([target, draft]) as waits:
+        while any(row.done is None for row in rows):
+            before = waits.count
+            engine.step()
+            steps.append(waits.count - before)
+    assert sum(row.done.stats.tree_cycles for row in rows) > 0
+    assert steps and all(w == 1 for w in steps), steps
+
+
 def test_seeded_rows_with_trees_are_their_seeded_samples_alone(tok):
     """Coupled sampling: each tree node is checked against the row's own seeded pick at its
     position, so a row is plain decoding's seeded sample, whatever shares its pass."""
