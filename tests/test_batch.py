@@ -71,17 +71,24 @@ def test_every_row_is_the_target_alone_greedy(tok, kind, source):
     assert max(row.done.stats.rows_per_pass for row in rows) > 1  # they did share passes
 
 
+def seeded_alone(tok, target, prompts, max_tokens: int, first_seed: int):
+    """Seeded configs (two sampling settings in turn, a seed each) and what the target alone
+    samples for each prompt with its config."""
+    settings = [SamplingParams(temperature=t, top_p=p) for t, p in [(0.7, 1.0), (1.0, 0.9)]]
+    configs = [
+        GenerationConfig(max_tokens=max_tokens, sampling=settings[i % 2], seed=first_seed + i)
+        for i in range(len(prompts))
+    ]
+    wants = [done_of(Engine(target, tok).generate(p, c)).tokens for p, c in zip(prompts, configs)]
+    return configs, wants
+
+
 def test_seeded_rows_are_their_seeded_samples_alone(tok):
     """Each row samples with its own settings and seed; the coupled sampler keys its noise by
     seed and position, so a row is the same request alone, whatever drafts beside it."""
     target, draft = models("llama")
     prompts = [tok.encode(text) for text in PROMPTS[:4]]
-    settings = [SamplingParams(temperature=t, top_p=p) for t, p in [(0.7, 1.0), (1.0, 0.9)]]
-    configs = [
-        GenerationConfig(max_tokens=12, sampling=settings[i % 2], seed=10 + i)
-        for i in range(len(prompts))
-    ]
-    wants = [done_of(Engine(target, tok).generate(p, c)).tokens for p, c in zip(prompts, configs)]
+    configs, wants = seeded_alone(tok, target, prompts, 12, first_seed=10)
     engine = BatchEngine(target, tok, drafting("hybrid", draft), lambda d: FixedPolicy(4))
     rows = run_all(engine, prompts, configs)
     assert [row.done.tokens for row in rows] == wants

@@ -16,8 +16,9 @@ from treekit import OracleBlock, TornBlock
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
+from macspec.engine.trees.ranks import MIN_TRIES, Growth
 from macspec.engine.trees.shapes import Shape, ddtree, expected_kept
-from macspec.engine.trees.sizing import MIN_TRIES, Growth, make_tree_policy
+from macspec.engine.trees.sizing import make_tree_policy
 from macspec.models.drafters import load_dflash
 
 DEPTH, VOCAB = 6, 60

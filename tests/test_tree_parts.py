@@ -18,8 +18,9 @@ from macspec.engine.core.cycle import Cycle, TreeOutcome
 from macspec.engine.drafters.model import ModelDrafter
 from macspec.engine.generate.loop import Engine
 from macspec.engine.policy.length import FixedPolicy
+from macspec.engine.trees.ranks import RankStats
 from macspec.engine.trees.shapes import Shape, best_first, ddtree, expected_kept
-from macspec.engine.trees.sizing import RankStats, TreePolicy
+from macspec.engine.trees.sizing import TreePolicy
 
 # A root, two children, a grandchild under each, and a great-grandchild: (token, parent).
 NODES = [(20, -1), (21, -1), (22, 0), (23, 1), (24, 2)]

@@ -107,7 +107,6 @@ def serve(
     # MLX, mlx-lm, FastAPI and uvicorn load here, not at import: `macspec --help` stays instant.
     from macspec.cli.ranks import ranks
     from macspec.engine.core.sampling import SamplingParams
-    from macspec.engine.policy.length import tree_size
     from macspec.models.flags import check_draft_flags, needs_draft_model
     from macspec.models.templates import template_args
     from macspec.serve.backend import Defaults
@@ -119,13 +118,6 @@ def serve(
         # Agents resend the conversation (tool results, files read back): lookup over it beside
         # the pair's drafters, whichever measures fastest on this machine, cycle by cycle.
         draft = "auto"
-    if tree_size(draft_tree) is not None:  # trees verify one request at a time
-        if max_batch is not None and max_batch > 1:
-            fail(
-                f"--draft-tree {draft_tree} verifies one request at a time: pass --max-batch 1, "
-                "or leave out --draft-tree to batch requests with chains"
-            )
-        max_batch = 1
     if not 0 <= port <= 65535:
         fail(f"--port must be in 0..65535, got {port}")
     if max_queue < 0 or prompt_cache < 0:
@@ -260,7 +252,9 @@ def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
     num_draft_tokens, no_draft, draft, draft_tree = draft_args
     if max_batch > 1:
         try:
-            return open_pair(resolved, num_draft_tokens, no_draft, draft, batch=True)
+            return open_pair(
+                resolved, num_draft_tokens, no_draft, draft, batch=True, draft_tree=draft_tree
+            )
         except ValueError as exc:
             print(
                 f"macspec: warning: {resolved.target_name}: {exc}; serving one request at a "

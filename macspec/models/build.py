@@ -139,11 +139,16 @@ def build_batch_engine(
     no_draft: bool = False,
     draft: str | None = None,
     cache_options: CacheOptions = DEFAULT_CACHE,
+    draft_tree: str | None = None,
 ) -> tuple[BatchEngine, LoadedModels]:
     """Load the models into an engine that decodes several requests together, each row with
-    a drafter and a policy of its own (the same kinds `build_engine` makes)."""
-    loaded, source, spec = load_for_drafting(resolved, num_draft_tokens, no_draft, draft)
-    return batch_engine_for(loaded, None if no_draft else source, spec, cache_options), loaded
+    a drafter and a policy of its own (the same kinds `build_engine` makes; `draft_tree`:
+    `--draft-tree`)."""
+    loaded, source, spec = load_for_drafting(
+        resolved, num_draft_tokens, no_draft, draft, draft_tree=draft_tree
+    )
+    source = None if no_draft else source
+    return batch_engine_for(loaded, source, spec, cache_options, draft_tree), loaded
 
 
 def batch_engine_for(
@@ -151,15 +156,18 @@ def batch_engine_for(
     source: str | None,
     spec: str,
     cache_options: CacheOptions = DEFAULT_CACHE,
+    draft_tree: str | None = None,
 ) -> BatchEngine:
-    """A BatchEngine over loaded models whose rows draft with `source` (None: plainly)."""
+    """A BatchEngine over loaded models whose rows draft with `source` (None: plainly), with
+    trees where `draft_tree` asks for them."""
     make_policy(spec)  # checked now, not at the first request
 
     def new_drafter() -> Drafter:
         return make_drafter(source, loaded, cache_options)
 
     def new_policy(drafter: Drafter):
-        return drafter if isinstance(drafter, DrafterChoice) else make_policy(spec)
+        policy = drafter if isinstance(drafter, DrafterChoice) else make_policy(spec)
+        return make_tree_policy(draft_tree, policy)
 
     return BatchEngine(
         loaded.target,

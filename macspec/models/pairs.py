@@ -45,7 +45,7 @@ def open_pair(
     options = cache_options or DEFAULT_CACHE
     if batch:
         engine, loaded = build.build_batch_engine(
-            resolved, num_draft_tokens, no_draft, draft, options
+            resolved, num_draft_tokens, no_draft, draft, options, draft_tree
         )
         drafting = engine.new_drafter is not None
     else:

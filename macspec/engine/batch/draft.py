@@ -62,6 +62,26 @@ class BatchDraftModel:
         fed = self.fed[row]
         return SavedCache(tuple(context[:fed]), [c.row_cache(row, fed) for c in self.caches], {})
 
+    def for_rows(self, rows: list, ks: list[int]) -> list[Draft] | None:
+        """Every row's draft (rows: the batch's `Row`s) from batched steps; None: nobody
+        guesses, or the draft model failed (then the rows that would have guessed go plain)."""
+        if not any(ks):
+            return None
+        params = [row.answer.config.sampling for row in rows]
+        draws = [
+            row.answer.rng.draws(k, len(row.context)) if row.answer.rng is not None and k else None
+            for row, k in zip(rows, ks)
+        ]
+        floors = [row.policy.confidence_floor for row in rows]
+        contexts = [row.context for row in rows]
+        try:
+            return self.propose(contexts, ks, params, draws, floors)
+        except Exception as exc:  # a guesser failed: these rows go plain
+            for row, k in zip(rows, ks):
+                if k:
+                    row.guard.fail("propose", exc)
+            return None
+
     def propose(
         self, contexts: list[list[int]], ks: list[int], params, draws, floors
     ) -> list[Draft]:

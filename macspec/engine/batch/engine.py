@@ -8,7 +8,8 @@ rows' cycles (`prefill_step`), as `run` would prefill it, then its caches are ap
 batch (rows.py). Each cycle (`step`): every row's drafter guesses (its own drafter instance:
 draft model, lookup, MTP head, DFlash...), one batched target pass verifies all of them, the
 verdicts are read in one wait, and each row's answer layer (`AnswerState`) turns its ids into
-events. A finished row leaves the batch at once.
+events. A finished row leaves the batch at once. With `--draft-tree`, rows verify trees of
+their own sizes in the same pass (tree.py).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
+from macspec.engine.batch import tree as batchtree
 from macspec.engine.batch.draft import BatchDraftModel
 from macspec.engine.batch.pricing import BatchPricing
-from macspec.engine.batch.row import Row, RowView, plan_row, row_verdict
+from macspec.engine.batch.row import Row, RowView, plan_row, room, row_verdict, settle_chain
+from macspec.engine.batch.tree import TreePlan
 from macspec.engine.caches import recurrent
 from macspec.engine.caches.cached import DEFAULT_CACHE, CachedModel, CacheOptions, SavedCache
 from macspec.engine.caches.rows import RowsArraysCache, RowsKVCache, rows_caches
@@ -32,9 +35,10 @@ from macspec.engine.core.events import Cycle, Prefill, Source
 from macspec.engine.core.grammar import Constraint
 from macspec.engine.core.taps import Hidden, Taps
 from macspec.engine.drafters.guard import DrafterGuard
-from macspec.engine.drafters.protocol import Draft, Drafter
+from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.generate.answer import AnswerState
-from macspec.engine.policy.length import AutoPolicy, DraftPolicy
+from macspec.engine.policy.length import DraftPolicy
+from macspec.engine.trees.sizing import TreePolicy
 
 PREFILL_CHUNK = 512
 """Prompt ids a joining row prefills between two cycles of the running rows."""
@@ -78,7 +82,13 @@ class BatchEngine:
         self.joining: list[Row] = []
         self.drafter = new_drafter() if new_drafter is not None else None
         """A drafter of the kind every row gets (for its name and what it reads)."""
-        self.batch_draft = BatchDraftModel.able(self.drafter)
+        policy = new_policy(self.drafter) if self.drafter is not None and new_policy else None
+        self.trees = isinstance(policy, TreePolicy)
+        """Whether rows may verify draft trees (`--draft-tree`; each row drafts its own)."""
+        self.tree_note: str | None = None
+        """Why rows verify chains though trees were asked for (checked at the first row)."""
+        self._tree_checked = False
+        self.batch_draft = None if self.trees else BatchDraftModel.able(self.drafter)
         """Draft-model rows drafting in batched steps (None: each row drafts on its own)."""
         needs = self.drafter.needs if self.drafter is not None else None
         self.taps = Taps(target, needs) if needs is not None else None
@@ -117,6 +127,12 @@ class BatchEngine:
         row = Row(prompt, answer, drafter, policy, alone, to_prefill=pending[:-1], guard=guard)
         if config.grammar is not None:
             row.constraint = Constraint(config.grammar, self.tokenizer)
+        if self.trees:
+            if not self._tree_checked:  # a small tree pass against the sequential one, once
+                self._tree_checked = True
+                ids = (prompt * 3)[-3:]
+                self.tree_note = batchtree.tree_note(self.model, self.caches, self.rewinds, ids)
+            batchtree.bind(row, self.tree_note, self.recurrent)
         row.events.append(Prefill(len(prompt), len(prompt) - len(pending)))
         self.joining.append(row)
         return row
@@ -151,33 +167,40 @@ class BatchEngine:
         if not rows:
             return
         begun = time.perf_counter()
-        ks = [min(k, self._room(row)) for row, k in zip(rows, self._draft_lengths(rows))]
+        ks = [min(k, room(row)) for row, k in zip(rows, self.pricing.draft_lengths(rows))]
         # A grammar's forced ids are a row's guesses for free: it drafts nothing this cycle.
-        forced = [r.constraint.forced()[: self._room(r)] if r.constraint else [] for r in rows]
+        forced = [r.constraint.forced()[: room(r)] if r.constraint else [] for r in rows]
         ks = [0 if ids else k for k, ids in zip(ks, forced)]
-        drafts = self._batch_drafts(rows, ks) if self.batch_draft is not None else None
-        plans = [
-            plan_row(row, k, drafts[i] if drafts else None, forced[i], self.eos_ids)
-            for i, (row, k) in enumerate(zip(rows, ks))
-        ]
+        drafts = self.batch_draft.for_rows(rows, ks) if self.batch_draft is not None else None
+        plans = []
+        for i, (row, k) in enumerate(zip(rows, ks)):
+            tree = batchtree.plan_tree(row, k) if self.trees and not forced[i] else None
+            draft = drafts[i] if drafts else None
+            plans.append(tree or plan_row(row, k, draft, forced[i], self.eos_ids))
         drafted = time.perf_counter()
-        width = max(len(pending) + len(guesses) for pending, guesses, _, _ in plans)
+        widths = [batchtree.width_of(plan) for plan in plans]
+        width = max(widths)
         inputs = mx.zeros((len(rows), width), mx.uint32)
-        for i, (pending, guesses, _, _) in enumerate(plans):
-            ids = mx.array(pending, mx.uint32)
-            if len(guesses):
-                ids = mx.concatenate([ids, mx.array(guesses).astype(mx.uint32)])
+        for i, plan in enumerate(plans):
+            if isinstance(plan, TreePlan):
+                ids = plan.ids()
+            else:
+                pending, guesses = plan[0], plan[1]
+                ids = mx.array(pending, mx.uint32)
+                if len(guesses):
+                    ids = mx.concatenate([ids, mx.array(guesses).astype(mx.uint32)])
             inputs[i, : ids.size] = ids
-        lengths = [row.fed for row in rows]
-        widths = [len(pending) + len(guesses) for pending, guesses, _, _ in plans]
         for rows_cache in self.caches:
-            rows_cache.set_lengths(lengths)
+            rows_cache.set_lengths([row.fed for row in rows])
         states = [c for c in self.caches if isinstance(c, RowsArraysCache)]
         before = [c.prepare_pass(widths, width) for c in states]
         with ExitStack() as stack:
-            record = None
+            record, ancestry, branched = None, {}, None
             if self.rewinds:
                 record = stack.enter_context(recurrent.recording(recurrent.PassRecord()))
+            if any(isinstance(plan, TreePlan) for plan in plans):
+                trees = batchtree.tree_pass(self.caches, plans, width, self.rewinds)
+                ancestry, branched = stack.enter_context(trees)
             hidden = None
             if self.taps is not None:
                 hidden = stack.enter_context(self.taps.record(batch=True))
@@ -189,30 +212,43 @@ class BatchEngine:
         self.passes += 1
         reads = []
         for i, (row, plan) in enumerate(zip(rows, plans)):
-            reads.append(
-                row_verdict(row, plan, logits[i, : len(plan[0]) + len(plan[1])], self.vocab_size)
-            )
+            if isinstance(plan, TreePlan):
+                read = batchtree.tree_row_verdict(
+                    row, plan, ancestry[i], logits[i], self.vocab_size
+                )
+            else:
+                read = row_verdict(row, plan, logits[i, : widths[i]], self.vocab_size)
+            reads.append(read)
         # The cycle's one wait: every row's verdict and guesses.
         widest = max(r.size for r in reads)
         read = mx.stack([mx.pad(r, (0, widest - r.size)) for r in reads]).tolist()
         verified = time.perf_counter()
         self.pricing.observe(len(rows) * width, verified - drafted)
+        times = (begun, drafted, verified)
         returned = []
         for i, (row, plan, values) in enumerate(zip(rows, plans, read)):
+            if isinstance(plan, TreePlan):
+                path = batchtree.settle_tree(self, row, i, plan, values, hidden, len(rows), times)
+                returned.append(None)
+                if branched is not None:  # the recurrent state after the row's kept path
+                    batchtree.keep_states(self.caches, branched, i, path)
+                continue
             if hidden is not None:
-                n = len(plan[0]) + len(plan[1])
                 part = Hidden(
-                    final=None if hidden.final is None else hidden.final[i, :n],
-                    layers={k: v[i, :n] for k, v in hidden.layers.items()},
+                    final=None if hidden.final is None else hidden.final[i, : widths[i]],
+                    layers={k: v[i, : widths[i]] for k, v in hidden.layers.items()},
                 )
                 row.guard.call("add_hidden", row.drafter.add_hidden, row.fed, part)
-            valid = self._settle(row, plan, values, len(rows), begun, drafted, verified)
+            valid = settle_chain(self, row, plan, values, len(rows), times)
+            if branched is not None:  # a chain in a pass over trees: its kept rows' state
+                batchtree.keep_states(self.caches, branched, i, range(valid or widths[i]))
+                returned.append(None)
+                continue
             returned.append(valid if valid is not None and not self.rewinds else None)
             if valid is not None and self.rewinds:  # recomputed at the kept ids, exactly
                 for j, c in enumerate(states):
                     conv, state = recurrent.states_after(record, j, valid, row=i)
                     c.cache[0][i : i + 1], c.cache[1][i : i + 1] = conv, state
-                row.fed += valid
         # Otherwise a row that kept fewer ids than it fed returns its recurrent state to before
         # the pass (attention is simply shorter), and feeds the kept ids again next cycle.
         for c, state in zip(states, before):
@@ -221,85 +257,10 @@ class BatchEngine:
             rows_cache.set_lengths([row.fed for row in rows])
         self._leave()
 
-    def _draft_lengths(self, rows: list[Row]) -> list[int]:
-        """Each row's draft length: rows with a cost-aware policy priced together on the
-        batched pass (batch_policy.py), the others as their own policy says."""
-        lengths = [0] * len(rows)
-        priced = []
-        for i, row in enumerate(rows):
-            if row.drafter is None or not row.guard.on:
-                continue
-            if type(row.policy) is AutoPolicy:
-                priced.append(i)
-            else:
-                lengths[i] = row.policy.draft_length()
-        if priced:
-            widths = [len(rows[i].context) - rows[i].fed for i in priced]
-            caps = [self._room(rows[i]) for i in priced]
-            policies = [rows[i].policy for i in priced]
-            for i, k in zip(priced, self.pricing.allocate(policies, widths, caps)):
-                lengths[i] = k
-        return lengths
-
-    @staticmethod
-    def _room(row: Row) -> int:
-        """Most guesses a row may take: the target adds one token of its own."""
-        return max(0, row.answer.config.max_tokens - len(row.answer.tokens) - 1)
-
-    def _batch_drafts(self, rows: list[Row], ks: list[int]) -> list[Draft] | None:
-        """Every row's draft from the draft model's batched steps (None: nobody guesses)."""
-        if not any(ks):
-            return None
-        params = [row.answer.config.sampling for row in rows]
-        draws = [
-            row.answer.rng.draws(k, len(row.context)) if row.answer.rng is not None and k else None
-            for row, k in zip(rows, ks)
-        ]
-        floors = [row.policy.confidence_floor for row in rows]
-        contexts = [row.context for row in rows]
-        try:
-            return self.batch_draft.propose(contexts, ks, params, draws, floors)
-        except Exception as exc:  # a guesser failed: these rows go plain
-            for row, k in zip(rows, ks):
-                if k:
-                    row.guard.fail("propose", exc)
-            return None
-
-    def _settle(self, row, plan, values, rows: int, begun, drafted, verified) -> int | None:
-        """Keep what the verdict kept; where the row's recurrent state holds ids that were not
-        kept, the count that were (the caller rewinds or restores the state), else None."""
-        pending, guesses, draft, requested = plan
-        cut, n, token = values[0], values[1], values[2]
-        counted = values[3 : 3 + cut]
-        ends = next((i + 1 for i, t in enumerate(counted) if t in self.eos_ids), cut)
-        if ends < cut:
-            cut, n, counted = ends, min(n, ends), counted[:ends]
-        kept = counted[:n] + [token]
-        if row.constraint is not None:
-            row.constraint.keep(kept)
-        valid = len(pending) + n  # the verified ids that stay; the rest is never seen again
-        returned = self.recurrent and valid < len(pending) + len(guesses)
-        if not returned:
-            row.fed += valid  # else: rewound or restored (see `step`)
-        row.context += kept
-        self._draft_rollback(row, len(row.context) - 1)
-        cycle = Cycle(
-            requested=requested,
-            proposed=cut,
-            accepted=n,
-            draft_s=(drafted - begun) / rows,
-            verify_s=verified - drafted,
-            overhead_s=0.0,
-            draft_steps=draft.steps if draft is not None else 0,
-            draft_fed=draft.fed if draft is not None else 0,
-            draft_source=draft.source if draft is not None and cut else None,
-            fed=len(pending) + len(guesses),
-            refed=len(pending) - 1,
-            timed=True,
-            rows=rows,
-        )
-        forced = draft is not None and draft.source == "grammar"
-        if row.policy is not None and not forced:  # forced ids say nothing of the drafter
+    def deliver(self, row: Row, cycle: Cycle, kept: list[int], learn: bool = True) -> None:
+        """A settled cycle: the policy learns from it (`learn`), the answer takes its record
+        and its ids (events), and a finished row is finished."""
+        if row.policy is not None and learn:
             row.policy.observe(cycle)
         answer = row.answer
         answer.cycle(cycle)
@@ -312,7 +273,6 @@ class BatchEngine:
                 break
         if answer.finish is not None:
             self._finish(row)
-        return valid if returned else None
 
     def _finish(self, row: Row) -> None:
         """The row's Done, and its caches kept as far as ids were delivered."""
@@ -322,7 +282,7 @@ class BatchEngine:
         if not self.recurrent:  # attention keeps only what was delivered
             row.fed = min(row.fed, len(row.context) - 1)
         row.held = full[: row.fed]  # a recurrent state holds what it was fed, delivered or not
-        self._draft_rollback(row, min(row.fed, len(row.context) - 1))
+        self.draft_rollback(row, min(row.fed, len(row.context) - 1))
         row.done = answer.done(RowView(row))
         if row.policy is not None:
             self._learned = row.policy
@@ -334,7 +294,7 @@ class BatchEngine:
             )
         row.events.append(row.done)
 
-    def _draft_rollback(self, row: Row, keep: int) -> None:
+    def draft_rollback(self, row: Row, keep: int) -> None:
         if self.batch_draft is not None and row in self.rows:
             row.guard.call("rollback", self.batch_draft.rollback, self.rows.index(row), keep)
         elif row.drafter is not None:

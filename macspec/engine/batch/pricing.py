@@ -13,8 +13,10 @@ the rows' stats say so; guesses are probed now and then so the figures stay fres
 
 from __future__ import annotations
 
+from macspec.engine.batch.row import room
 from macspec.engine.core.stats import Ema
 from macspec.engine.policy.length import AutoPolicy
+from macspec.engine.trees.sizing import TreePolicy
 
 
 class BatchPricing:
@@ -27,6 +29,85 @@ class BatchPricing:
         self._cycles = 0
         self.plain = False
         """Whether the last allocation gave no row a guess although some could draft."""
+
+    def draft_lengths(self, rows: list) -> list[int]:
+        """Each row's draft length (rows: the batch's `Row`s): rows with a cost-aware policy
+        priced together on the batched pass, the others as their own policy says."""
+        lengths = [0] * len(rows)
+        priced = []
+        for i, row in enumerate(rows):
+            if row.drafter is None or not row.guard.on:
+                continue
+            if type(row.policy) is AutoPolicy:
+                priced.append(i)
+            else:
+                lengths[i] = row.policy.draft_length()
+        if priced:
+            widths = [len(rows[i].context) - rows[i].fed for i in priced]
+            caps = [room(rows[i]) for i in priced]
+            policies = [rows[i].policy for i in priced]
+            for i, k in zip(priced, self.allocate(policies, widths, caps)):
+                lengths[i] = k
+        self.price_trees(rows, lengths)
+        return lengths
+
+    def price_trees(self, rows: list, lengths: list[int]) -> None:
+        """`--draft-tree auto` rows: each one's tree size, or its chain, for the most expected
+        tokens per second of the whole cycle, where a tree's nodes widen the pass that every
+        row shares (coordinate ascent over the rows, twice). Chains until passes are timed."""
+        options = {
+            i: row.policy.options(lengths[i])
+            for i, row in enumerate(rows)
+            if isinstance(row.policy, TreePolicy) and row.policy.priced_outside
+        }
+        options = {i: choices for i, choices in options.items() if choices}
+        if not options:
+            return
+        widths = [len(row.context) - row.fed + k for row, k in zip(rows, lengths)]
+        tokens = [1.0 + expected_chain(row.policy, k) for row, k in zip(rows, lengths)]
+        drafting = [0.0] * len(rows)
+        chosen = dict.fromkeys(options, 0)
+
+        def rate() -> float | None:
+            verify = self.pass_time(len(rows) * max(widths))
+            return None if verify is None else sum(tokens) / (verify + sum(drafting))
+
+        def take(i: int, choice: tuple[int, int, float, float]) -> None:
+            nodes, ids, tokens[i], drafting[i] = choice
+            widths[i] = len(rows[i].context) - rows[i].fed + ids
+            chosen[i] = nodes
+
+        for i, choices in options.items():
+            take(i, choices[0])
+        if rate() is None:
+            return self._assign(rows, chosen)
+        # The pass is as wide as its widest row: choose the width first (each row taking its
+        # best choice within it), then refine row by row.
+        pending = {i: len(rows[i].context) - rows[i].fed for i in options}
+        best_rate, best = rate(), [choices[0] for choices in options.values()]
+        for width in sorted({pending[i] + c[1] for i, choices in options.items() for c in choices}):
+            trial = []
+            for i, choices in options.items():
+                fits = [c for c in choices if pending[i] + c[1] <= width] or choices[:1]
+                trial.append(max(fits, key=lambda choice: choice[2]))
+                take(i, trial[-1])
+            if (rate() or 0.0) > best_rate:
+                best_rate, best = rate(), trial
+        for i, choice in zip(options, best):
+            take(i, choice)
+        for _ in range(2):
+            for i, choices in options.items():
+                scored = []
+                for choice in choices:
+                    take(i, choice)
+                    scored.append((rate() or 0.0, choice))
+                take(i, max(scored, key=lambda scored_choice: scored_choice[0])[1])
+        self._assign(rows, chosen)
+
+    @staticmethod
+    def _assign(rows: list, chosen: dict[int, int]) -> None:
+        for i, nodes in chosen.items():
+            rows[i].policy.assign(nodes)
 
     def observe(self, total_ids: int, seconds: float) -> None:
         """A batched pass over `total_ids` ids (padding included) took `seconds`."""
@@ -86,12 +167,17 @@ class BatchPricing:
         verify = self.pass_time(len(ks) * width)
         if verify is None:
             return None
-        tokens = 0.0
-        for k, policy in zip(ks, policies):
-            chain = 1.0
-            tokens += 1.0
-            for position in range(1, k + 1):
-                chain *= policy.acceptance(position)
-                tokens += chain
+        tokens = sum(1.0 + expected_chain(policy, k) for k, policy in zip(ks, policies))
         drafting = sum(k * p.guess_cost for k, p in zip(ks, policies))
         return tokens / (verify + drafting)
+
+
+def expected_chain(policy, k: int) -> float:
+    """Guesses a row's chain of k is expected to keep (0 where its policy does not measure)."""
+    if type(policy) is not AutoPolicy:
+        return 0.0
+    kept, chain = 0.0, 1.0
+    for position in range(1, k + 1):
+        chain *= policy.acceptance(position)
+        kept += chain
+    return kept

@@ -8,7 +8,7 @@ from typing import Any
 import mlx.core as mx
 
 from macspec.engine.caches.cached import CachedModel, SavedCache
-from macspec.engine.core.events import Done, Event
+from macspec.engine.core.events import Cycle, Done, Event
 from macspec.engine.core.grammar import Constraint
 from macspec.engine.core.sampling import probabilities
 from macspec.engine.core.verify import counted_guesses, greedy_verdict, sampled_verdict
@@ -50,6 +50,11 @@ class Row:
     @property
     def decoding(self) -> bool:
         return self.alone is None and self.done is None
+
+
+def room(row: Row) -> int:
+    """Most guesses a row may take: the target adds one token of its own."""
+    return max(0, row.answer.config.max_tokens - len(row.answer.tokens) - 1)
 
 
 def plan_row(
@@ -115,3 +120,43 @@ class RowView:
         self.policy = row.policy
         self.drafter = row.drafter
         self.guard = row.guard
+
+
+def settle_chain(engine, row: Row, plan, values: list[int], rows: int,
+                 times: tuple[float, float, float]) -> int | None:  # fmt: skip
+    """Keep what the verdict kept; where the row's recurrent state holds ids that were not
+    kept, the count that were (the caller rewinds or restores the state), else None."""
+    begun, drafted, verified = times
+    pending, guesses, draft, requested = plan
+    cut, n, token = values[0], values[1], values[2]
+    counted = values[3 : 3 + cut]
+    ends = next((i + 1 for i, t in enumerate(counted) if t in engine.eos_ids), cut)
+    if ends < cut:
+        cut, n, counted = ends, min(n, ends), counted[:ends]
+    kept = counted[:n] + [token]
+    if row.constraint is not None:
+        row.constraint.keep(kept)
+    valid = len(pending) + n  # the verified ids that stay; the rest is never seen again
+    returned = engine.recurrent and valid < len(pending) + len(guesses)
+    if not returned or engine.rewinds:  # rewound to the kept ids, or restored (`step`)
+        row.fed += valid  # before `deliver`: a row that finishes holds what it was fed
+    row.context += kept
+    engine.draft_rollback(row, len(row.context) - 1)
+    cycle = Cycle(
+        requested=requested,
+        proposed=cut,
+        accepted=n,
+        draft_s=(drafted - begun) / rows,
+        verify_s=verified - drafted,
+        overhead_s=0.0,
+        draft_steps=draft.steps if draft is not None else 0,
+        draft_fed=draft.fed if draft is not None else 0,
+        draft_source=draft.source if draft is not None and cut else None,
+        fed=len(pending) + len(guesses),
+        refed=len(pending) - 1,
+        timed=True,
+        rows=rows,
+    )
+    forced = draft is not None and draft.source == "grammar"
+    engine.deliver(row, cycle, kept, learn=not forced)  # forced ids say nothing of the drafter
+    return valid if returned else None

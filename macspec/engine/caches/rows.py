@@ -40,6 +40,9 @@ class RowsKVCache:
         self.lengths: list[int] = []
         self.offset = mx.zeros((0,), mx.int32)
         """Each row's length: where its next ids go, and their rope offset."""
+        self.tree: tuple[mx.array, mx.array] | None = None
+        """Inside a pass over trees (engine/batch/tree.py): each pass id's position after its
+        row's length (rows, n), and which of its row's pass ids it sees (rows, n, n)."""
 
     def set_lengths(self, lengths: list[int]) -> None:
         self.lengths = list(lengths)
@@ -75,13 +78,48 @@ class RowsKVCache:
     ) -> mx.array:
         """(rows, 1, n, longest + n): query i of row b sees the row's columns up to its own
         position, and no further back than the window."""
+        window = window_size or self.window
+        if self.tree is not None:
+            return self._tree_mask(n, window)
         queries = self.offset[:, None] + mx.arange(n)  # (rows, n) absolute positions
         columns = mx.arange(max(self.lengths, default=0) + n)
         mask = columns[None, None, :] <= queries[:, :, None]
-        window = window_size or self.window
         if window is not None:
             mask = mask & (columns[None, None, :] > queries[:, :, None] - window)
         return mask[:, None]
+
+    def _tree_mask(self, n: int, window: int | None) -> mx.array:
+        """A pass over trees: a row's ids see its committed columns and, among its pass
+        columns, what `tree` says; a window counts back from each id's own position."""
+        positions, visible = self.tree
+        columns = mx.arange(max(self.lengths, default=0) + n)
+        after = columns[None, :] - self.offset[:, None]  # (rows, columns): from each row's length
+        committed = after < 0
+        index = mx.clip(after, 0, n - 1)
+        sees = mx.take_along_axis(
+            visible, mx.broadcast_to(index[:, None], (*visible.shape[:2], index.shape[1])), axis=2
+        )
+        mask = committed[:, None, :] | (sees & (after < n)[:, None, :])
+        if window is not None:
+            keys = mx.where(
+                committed,
+                columns[None, :],
+                self.offset[:, None] + mx.take_along_axis(positions, index, axis=1),
+            )
+            queries = self.offset[:, None] + positions
+            mask = mask & (keys[:, None, :] > queries[:, :, None] - window)
+        return mask[:, None]
+
+    def keep_path(self, row: int, start: int, path: list[int]) -> None:
+        """After a pass over trees: row `row`'s pass columns `start + path[i]` move to
+        `start + i` (its kept path, contiguous); the caller sets the row's length."""
+        if all(node == i for i, node in enumerate(path)):
+            return
+        index = mx.array([start + node for node in path], mx.int32)
+        end = start + len(path)
+        for name in ("keys", "values"):
+            buffer = getattr(self, name)
+            buffer[row : row + 1, :, start:end, :] = mx.take(buffer[row : row + 1], index, axis=2)
 
     # -- rows in and out -----------------------------------------------------------------------
     def add_row(self, layer_cache: Any) -> None:

@@ -60,6 +60,18 @@ def _tree_rope(base: type) -> type:
 
     def __call__(self, x, offset=0, *args, **kwargs):
         positions = getattr(_active, "positions", None)
+        if (
+            positions is not None
+            and positions.ndim == 2
+            and x.ndim == 4
+            and x.shape[:3:2] == positions.shape
+        ):
+            # A batch's pass (b rows of m ids, each row its own offset): one batch row per id.
+            b, heads, m, dim = x.shape
+            rows = mx.swapaxes(x, 1, 2).reshape(b * m, heads, 1, dim)
+            at = (offset[:, None] + positions).reshape(-1)
+            out = base.__call__(self, rows, at, *args, **kwargs)
+            return mx.swapaxes(out.reshape(b, m, heads, dim), 1, 2)
         if positions is None or x.shape[-2] != positions.size or x.shape[0] != 1:
             return base.__call__(self, x, offset, *args, **kwargs)
         # (1, heads, M, dim) -> (M, heads, 1, dim): one batch row per id, each its own offset.
@@ -156,6 +168,17 @@ def tree_pass(
         _active.positions = _active.visible = None
         for layer_cache, kind in swapped:
             layer_cache.__class__ = kind
+
+
+@contextmanager
+def rows_positions(positions: mx.array) -> Iterator[None]:
+    """Inside the block, the rope of a batch's pass (rows of ids, each row at its own offset,
+    engine/batch/tree.py) rotates id j of row b at `positions[b, j]` after the row's offset."""
+    _active.positions = positions
+    try:
+        yield
+    finally:
+        _active.positions = None
 
 
 def keep_rows(

@@ -81,6 +81,8 @@ def tree_conv(conv, x: mx.array, call) -> mx.array:
     """The layer's Conv1d over the tree: x (1, kernel - 1 + M, C) -> (1, M, C); `call` is the
     module's own convolution (one window per row, batched)."""
     record = active()
+    if isinstance(record, RowsTreeRecord):
+        return rows_conv(record, x, call)
     rows = len(record.parents)
     kernel = x.shape[1] - rows + 1
     windows = [_window(record, r, kernel) for r in range(rows)]
@@ -92,6 +94,8 @@ def tree_conv(conv, x: mx.array, call) -> mx.array:
 def tree_delta(update, args: tuple, kwargs: dict) -> tuple[mx.array, mx.array]:
     """`gated_delta_update` over the tree, level by level from each row's parent's state."""
     record = active()
+    if isinstance(record, RowsTreeRecord):
+        return rows_delta(record, update, args, kwargs)
     record.deltas.append((args, kwargs))
     q, k, v, a, b, a_log, dt_bias = args[:7]
     state = args[7] if len(args) > 7 else kwargs.get("state")
@@ -122,4 +126,95 @@ def kept_states(record: TreeRecord, index: int, path: Sequence[int], update) -> 
     rest = {key: value for key, value in kwargs.items() if key not in ("state", "mask")}
     rows = mx.array(list(path), mx.int32)
     _, state = update(*(t[:, rows] for t in (q, k, v, a, b)), a_log, dt_bias, state, None, **rest)
+    return conv, state
+
+
+# -- a batch's pass: every batch row with its own tree (engine/batch/tree.py) -------------------
+@dataclass
+class RowsTreeRecord:
+    """A batch's pass over trees: `parents[b][r]`, the parent pass row of row b's pass row r
+    (-1: the state before); chains are trees without branches, padding continues a chain."""
+
+    parents: list[list[int]]
+    convs: list[tuple[mx.array, mx.array]] = field(default_factory=list)
+    """Each layer's conv input and each pass row's window into it, (B, M, kernel) flat."""
+    deltas: list[tuple[tuple, dict]] = field(default_factory=list)
+
+    def levels(self) -> list[tuple[list[int], list[int], list[int]]]:
+        """By depth: (batch rows, pass rows, where each one's start state is: its batch row's
+        state before the pass (< B), else B + its parent's place in the previous level)."""
+        depth = [[0] * len(row) for row in self.parents]
+        for row, parents in zip(depth, self.parents):
+            for r, parent in enumerate(parents):
+                row[r] = 0 if parent < 0 else row[parent] + 1
+        rows, out, previous = len(self.parents), [], {}
+        for level in range(max(max(d) for d in depth) + 1):
+            items = [(b, r) for b in range(rows) for r, d in enumerate(depth[b]) if d == level]
+            starts = [
+                b if self.parents[b][r] < 0 else rows + previous[(b, self.parents[b][r])]
+                for b, r in items
+            ]
+            out.append(([b for b, _ in items], [r for _, r in items], starts))
+            previous = {item: i for i, item in enumerate(items)}
+        return out
+
+
+def rows_conv(record: RowsTreeRecord, x: mx.array, call) -> mx.array:
+    """x (B, kernel - 1 + M, C) -> (B, M, C): each pass row's window along its own path."""
+    rows, length, channels = x.shape
+    m = len(record.parents[0])
+    kernel = length - m + 1
+    windows = mx.array(
+        [
+            [
+                [b * length + i for i in _window(TreeRecord(parents, []), r, kernel)]
+                for r in range(m)
+            ]
+            for b, parents in enumerate(record.parents)
+        ],
+        mx.int32,
+    )
+    record.convs.append((x, windows))
+    out = call(x.reshape(rows * length, channels)[windows.reshape(rows * m, kernel)])
+    return out.reshape(rows, m, -1)
+
+
+def rows_delta(record: RowsTreeRecord, update, args: tuple, kwargs: dict):
+    """`gated_delta_update` over every batch row's tree, level by level, all rows at once."""
+    record.deltas.append((args, kwargs))
+    q, k, v, a, b, a_log, dt_bias = args[:7]
+    state = args[7] if len(args) > 7 else kwargs.get("state")
+    rest = {key: value for key, value in kwargs.items() if key not in ("state", "mask")}
+    rows, m = q.shape[:2]
+    if state is None:
+        state = mx.zeros((rows, v.shape[-2], v.shape[-1], k.shape[-1]), mx.float32)
+    outs, order, pool = [], [], state
+    for batch_rows, pass_rows, starts in record.levels():
+        at = (mx.array(batch_rows, mx.int32), mx.array(pass_rows, mx.int32))
+        out, states = update(
+            *(t[at][:, None] for t in (q, k, v, a, b)), a_log, dt_bias,
+            pool[mx.array(starts, mx.int32)], None, **rest,
+        )  # fmt: skip
+        outs.append(out[:, 0])
+        order += [row * m + r for row, r in zip(batch_rows, pass_rows)]
+        pool = mx.concatenate([state, states])
+    flat = mx.concatenate(outs)[mx.argsort(mx.array(order, mx.int32))]
+    return flat.reshape(rows, m, *flat.shape[1:]), state  # the kept states: `rows_kept`
+
+
+def rows_kept(record: RowsTreeRecord, index: int, row: int, path: Sequence[int], update):
+    """(conv state, delta-rule state), batch row `row` of one, of the `index`-th recorded layer
+    after its pass rows `path` (a chain from its first row), recomputed from the record."""
+    x, windows = record.convs[index]
+    flat = x.reshape(-1, x.shape[-1])
+    conv = mx.contiguous(flat[windows[row, path[-1], 1:]][None])
+    args, kwargs = record.deltas[index]
+    q, k, v, a, b, a_log, dt_bias = args[:7]
+    state = args[7] if len(args) > 7 else kwargs.get("state")
+    state = None if state is None else state[row : row + 1]
+    rest = {key: value for key, value in kwargs.items() if key not in ("state", "mask")}
+    steps = mx.array(list(path), mx.int32)
+    one = slice(row, row + 1)
+    _, state = update(*(t[one][:, steps] for t in (q, k, v, a, b)), a_log, dt_bias, state, None,
+                      **rest)  # fmt: skip
     return conv, state

@@ -71,39 +71,17 @@ def verify_tree(
         ) as record,
     ):
         logits = target.forward(ids)[fed - 1 :, : engine.vocab_size]
-    if params.greedy:
-        read = greedy_tree_verdict(logits, tree, ancestry)
-    elif rng.noise is not None:  # coupled: the target's own seeded pick at each node
-        scores = mx.log(probabilities(logits, params))
-        rows = rng.noise.rows(len(context), tree.depth + 1, scores.shape[-1])
-        depth_of_row = mx.concatenate([mx.zeros((1,), mx.int32), tree.depths])
-        read = greedy_tree_verdict(scores + rows[depth_of_row], tree, ancestry)
-    else:
-        p = probabilities(logits, params)
-        read = rejection_tree_verdict(p, tree, rng.keys.next())
+    read = tree_verdict(logits, tree, ancestry, params, rng, len(context))
     # The cycle's one wait: the verdict and the kept path.
     values = read.tolist()
     verified = time.perf_counter()
-    d = tree.depth
-    n, token, stop_rank = values[:3]
-    path, path_ids, path_ranks = values[3 : 3 + d], values[3 + d : 3 + 2 * d], values[3 + 2 * d :]
-    # A kept end of sequence ends the answer: nothing after it is kept.
-    ends = next((i + 1 for i, t in enumerate(path_ids[:n]) if t in engine.eos_ids), n)
-    n = min(n, ends)
+    n, token, stop_rank, path, path_ids, path_ranks, ends = read_tree(values, tree, engine.eos_ids)
     _keep_path(engine, context, fed, path[:n], path_ids[:n], held, record)
     kept = path_ids[:n] + [token]
     context += kept
     engine.guard.call("release", treedraft.release, engine.drafter, tree.base)
     engine.guard.call("rollback", engine.drafter.rollback, len(context) - 1)
-    stop = tree.shape.children[path[n - 1] + 1 if n else 0] if tree.shape is not None else ()
-    outcome = TreeOutcome(
-        nodes=tree.size,
-        depth=tree.depth,
-        path_ranks=tuple(path_ranks[:n]),
-        stop_rank=stop_rank if stop_rank >= 0 and n == ends else None,
-        stop_children=len(stop),
-        grown=tree.grown,
-    )
+    outcome = tree_outcome(tree, n, ends, stop_rank, path, path_ranks)
     cycle = Cycle(
         requested=requested,
         proposed=tree.size,
@@ -120,6 +98,48 @@ def verify_tree(
         tree=outcome,
     )
     return cycle, kept
+
+
+def tree_verdict(
+    logits: mx.array, tree: TreeDraft, ancestry: mx.array, params: SamplingParams,
+    rng: Randomness | None, position: int,
+) -> mx.array:  # fmt: skip
+    """The verdict vector over `tree` (`greedy_tree_verdict`'s layout); logits: (N + 1, V) the
+    target's after the root and after each node; `position`: the root's next position."""
+    if params.greedy:
+        return greedy_tree_verdict(logits, tree, ancestry)
+    if rng.noise is not None:  # coupled: the target's own seeded pick at each node
+        scores = mx.log(probabilities(logits, params))
+        rows = rng.noise.rows(position, tree.depth + 1, scores.shape[-1])
+        depth_of_row = mx.concatenate([mx.zeros((1,), mx.int32), tree.depths])
+        return greedy_tree_verdict(scores + rows[depth_of_row], tree, ancestry)
+    return rejection_tree_verdict(probabilities(logits, params), tree, rng.keys.next())
+
+
+def read_tree(values: list[int], tree: TreeDraft, eos_ids: frozenset[int]) -> tuple:
+    """(kept, token, stop rank, path, path ids, path ranks, kept through the first end of
+    sequence) from a verdict vector read on the host; a kept end of sequence ends the answer:
+    nothing after it is kept."""
+    d = tree.depth
+    n, token, stop_rank = values[:3]
+    path, path_ids, path_ranks = values[3 : 3 + d], values[3 + d : 3 + 2 * d], values[3 + 2 * d :]
+    ends = next((i + 1 for i, t in enumerate(path_ids[:n]) if t in eos_ids), n)
+    return min(n, ends), token, stop_rank, path, path_ids, path_ranks, ends
+
+
+def tree_outcome(
+    tree: TreeDraft, n: int, ends: int, stop_rank: int, path: list[int], path_ranks: list[int]
+) -> TreeOutcome:
+    """What a tree cycle that kept `n` nodes of `path` adds to its record."""
+    stop = tree.shape.children[path[n - 1] + 1 if n else 0] if tree.shape is not None else ()
+    return TreeOutcome(
+        nodes=tree.size,
+        depth=tree.depth,
+        path_ranks=tuple(path_ranks[:n]),
+        stop_rank=stop_rank if stop_rank >= 0 and n == ends else None,
+        stop_children=len(stop),
+        grown=tree.grown,
+    )
 
 
 def _keep_path(

@@ -16,6 +16,7 @@ might pay.
 
 from __future__ import annotations
 
+from copy import deepcopy
 from dataclasses import replace
 
 from macspec.engine.caches import tree_attention as treeattn
@@ -24,121 +25,15 @@ from macspec.engine.core.stats import Ema
 from macspec.engine.policy.length import DraftPolicy, tree_size
 from macspec.engine.trees import propose as treedraft
 from macspec.engine.trees.propose import TreePlan
+from macspec.engine.trees.ranks import Growth, RankStats
 from macspec.engine.trees.shapes import Shape, best_first, expected_kept
 
-RANKS = 8
-"""Candidate ranks tracked per depth (a tree asks for no more children than this)."""
-DEPTHS = 16
-"""Depths tracked (deeper ones borrow the deepest seen)."""
 AUTO_BUDGETS = (4, 8, 16, 32, 64)
 """Tree sizes `auto` prices."""
-PROBE_GROWTH = 16
-"""A block drafter's trees: every this many, the way of growing them that keeps fewer guesses
-is tried again (the figures stay fresh)."""
-MIN_TRIES = 4
-"""A block drafter's trees: each way of growing them is tried this many times, DDTree first,
-before the guesses they kept choose between them."""
 RESHAPE_EVERY = 4
 """Cycles between recomputations of the best shape from the acceptance measured."""
 DEFAULT_DEPTH = 8
 """How deep `auto` lets a tree grow when the drafter does not bound it."""
-
-
-class RankStats:
-    """Decayed counts, per depth and rank: how often the target's token was that candidate,
-    out of the times it was not an earlier one (Beta priors: rank 0 even, others unlikely)."""
-
-    def __init__(self, memory: float = 0.98):
-        self.memory = memory
-        self.tries = [[0.0] * RANKS for _ in range(DEPTHS)]
-        self.hits = [[0.0] * RANKS for _ in range(DEPTHS)]
-        self.seen = [0.0] * DEPTHS
-
-    def _count(self, depth: int, rank: int | None, tried: int) -> None:
-        """At `depth` (1-based): ranks below `tried` were tried, `rank` was the target's."""
-        if depth > DEPTHS:
-            return
-        tries, hits = self.tries[depth - 1], self.hits[depth - 1]
-        self.seen[depth - 1] = self.seen[depth - 1] * self.memory + 1
-        for r in range(RANKS):
-            tries[r] *= self.memory
-            hits[r] *= self.memory
-        for r in range(min(tried, RANKS)):
-            tries[r] += 1
-        if rank is not None and rank < RANKS:
-            hits[rank] += 1
-
-    def observe(self, cycle: Cycle) -> None:
-        """Learn from a chain or tree cycle."""
-        tree = cycle.tree
-        if tree is None:  # a chain: the rank-0 candidate, kept up to `accepted`
-            for depth in range(1, cycle.accepted + 1):
-                self._count(depth, 0, 1)
-            if cycle.accepted < cycle.proposed:
-                self._count(cycle.accepted + 1, None, 1)
-            return
-        for depth, rank in enumerate(tree.path_ranks, start=1):
-            self._count(depth, rank, rank + 1)
-        stop = len(tree.path_ranks) + 1
-        if tree.stop_rank is not None:  # greedy or coupled: the target's token's true rank
-            self._count(stop, tree.stop_rank, tree.stop_rank + 1)
-        elif tree.stop_children:  # the rejection rule: the stop node's candidates all failed
-            self._count(stop, None, tree.stop_children)
-
-    def accept(self) -> list[list[float]]:
-        """accept[d][r]: the chance the candidate of rank r is the one kept at depth d + 1."""
-        table, last = [], None
-        for depth in range(DEPTHS):
-            if self.seen[depth] < 1 and last is not None:
-                table.append(last)  # unseen depths borrow the deepest seen
-                continue
-            row, left = [], 1.0
-            for r in range(RANKS):
-                prior = (1.0, 1.0) if r == 0 else (0.5, 1.5)
-                c = (self.hits[depth][r] + prior[0]) / (self.tries[depth][r] + sum(prior))
-                row.append(left * c)
-                left *= 1 - c
-            table.append(row)
-            last = row
-        return table
-
-
-class Growth:
-    """How a block drafter's trees are grown, greedy or coupled: DDTree over the block's own
-    marginals, or the shape measured by rank. Chosen by the guesses each kept per tree on the
-    running request (decayed means over each way's own trees), after `MIN_TRIES` of each,
-    taken in turn, DDTree first; the one that kept fewer is tried again every `PROBE_GROWTH`-th
-    tree. No fixed preference: a tie goes to DDTree, the reference's construction."""
-
-    WAYS = ("ddtree", "shape")
-
-    def __init__(self, memory: float = 0.95):
-        self.memory = memory
-        self.kept = dict.fromkeys(self.WAYS, 0.0)
-        self.weight = dict.fromkeys(self.WAYS, 0.0)
-        self.planned = dict.fromkeys(self.WAYS, 0)
-        self.trees = 0
-
-    def add(self, grown: str, kept: int) -> None:
-        """A tree grown that way kept `kept` guesses."""
-        self.kept[grown] = self.kept[grown] * self.memory + kept
-        self.weight[grown] = self.weight[grown] * self.memory + 1
-
-    def mean(self, grown: str) -> float | None:
-        """Guesses kept per tree grown that way, None before one was."""
-        return self.kept[grown] / self.weight[grown] if self.weight[grown] else None
-
-    def ddtree_next(self) -> bool:
-        """Whether the next tree is DDTree's (else the measured shape's)."""
-        self.trees += 1
-        ddtree, shape = (self.planned[w] for w in self.WAYS)
-        if min(ddtree, shape) < MIN_TRIES or None in (self.mean("ddtree"), self.mean("shape")):
-            pick = ddtree <= shape
-        else:
-            better = self.mean("ddtree") >= self.mean("shape")
-            pick = better != (self.trees % PROBE_GROWTH == 0)
-        self.planned["ddtree" if pick else "shape"] += 1
-        return pick
 
 
 class TreePolicy(DraftPolicy):
@@ -158,6 +53,8 @@ class TreePolicy(DraftPolicy):
         self._drafter_note: str | None = None
         self._checked = False
         self._chosen: int | None = None  # auto: the tree size chosen for the coming cycle
+        self.priced_outside = False
+        """A batch's row: the batch prices `auto`'s tree size on its shared pass (`assign`)."""
         self._pass_time: dict[int, Ema] = {}
         self._draft_step: dict[str, Ema] = {}
         self._overhead = Ema(0.3)
@@ -190,20 +87,31 @@ class TreePolicy(DraftPolicy):
     def reason(self) -> str | None:  # --draft auto's words on its choice
         return self.inner.reason
 
-    def bind(self, engine) -> None:
-        """Check once that the engine's target can verify trees."""
+    def bind(self, engine, checked: tuple[str | None, bool] | None = None) -> None:
+        """Check once that the engine's target can verify trees; `checked`: (the note why not,
+        or None; whether recurrent layers branch) from an engine that checked its own passes
+        (a batch: `engine` is the row)."""
         self._engine = engine
+        if checked is not None:
+            (self.note, self._recurrent), self._checked = checked, True
+            self.priced_outside = True
+            return
         target = engine.target
         self._recurrent = treeattn.branches_recurrent(target.model, target.cache)
         why = treeattn.tree_ready(target.model, target.cache)
         if why is not None:
             self.note = f"tree off: the target {why}; chains"
 
+    def carry_from(self, learned: DraftPolicy) -> None:
+        if isinstance(learned, TreePolicy):  # a batch's new row: the measured ranks and costs
+            self.inner.carry_from(learned.inner)
+            self.stats = {name: deepcopy(ranks) for name, ranks in learned.stats.items()}
+
     def draft_length(self) -> int:
         k = self.inner.draft_length()
         self._cycles += 1
         self._chosen = None
-        if self.budget is None and self._tree_possible():
+        if self.budget is None and not self.priced_outside and self._tree_possible():
             self._chosen = self._auto_choice(k)
             if self._chosen is not None:
                 shape = self._shape(self._chosen, self._depth_bound(k))
@@ -298,6 +206,30 @@ class TreePolicy(DraftPolicy):
         if key not in self._shapes:
             self._shapes[key] = best_first(self._accept(), budget, depth)
         return self._shapes[key]
+
+    # -- a batch's pricing (engine/batch/pricing.py) ----------------------------------------
+    def options(self, k: int) -> list[tuple[int, int, float, float]]:
+        """`auto`'s choices after the draft length k, as (nodes: 0 for the chain, ids fed,
+        expected tokens, drafting seconds): the chain, then each tree size it prices."""
+        if k < 1 or self.budget is not None or not self._tree_possible():
+            return []
+        depth, accept = self._depth_bound(k), self._accept()
+        step = self._draft_step.get(treedraft.tree_drafter(self._engine.drafter).name)
+        seconds = step.value if step is not None and step.value is not None else 0.0
+        block = treedraft.max_depth(self._engine.drafter) is not None
+        chain = Shape.chain(k)
+        choices = [(0, k, 1.0 + expected_kept(chain, accept), seconds * (1 if block else k))]
+        for budget in self.budgets:
+            if budget > depth:
+                shape = self._shape(budget, depth)
+                steps = 1 if block else shape.depth
+                tokens = 1.0 + expected_kept(shape, accept)
+                choices.append((budget, shape.size, tokens, seconds * steps))
+        return choices
+
+    def assign(self, nodes: int) -> None:
+        """The batch's choice for the coming cycle: a tree of `nodes` (0: the chain)."""
+        self._chosen = nodes or None
 
     # -- auto: pricing ------------------------------------------------------------------------
     def _observe_times(self, cycle: Cycle) -> None:
