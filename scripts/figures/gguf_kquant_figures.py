@@ -4,8 +4,8 @@ without an exact form; the estimate for an 8B Q4_K_M file.
 
 Dev tool (the figures of issue 52's closing note):
 
-    PYTHONPATH=$PWD python scripts/gguf_kquant_figures.py            # Gemma 3 270M Q4_K_M
-    PYTHONPATH=$PWD python scripts/gguf_kquant_figures.py --gguf FILE.gguf --repeat 3
+    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_figures.py            # Gemma 3 270M Q4_K_M
+    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_figures.py --gguf FILE.gguf --repeat 3
 
 Without --gguf it concatenates the four installed parts of Gemma 3 270M Q4_K_M into a
 temporary file. Only the conversion from the mapped blocks to evaluated MLX arrays is timed.
@@ -27,7 +27,7 @@ from gguf import GGMLQuantizationType, quants
 
 from macspec.models.gguf import kquants
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from kquantkit import Tensor, gemma_q4_k_m, read_tensors  # noqa: E402
 
 LLAMA3_8B_Q4_K_M_GB = {"Q4_K": 3.6, "Q6_K": 1.3}
