@@ -45,7 +45,7 @@ class Tensor:
     """The raw bytes, [rows, bytes per row], as gguf.GGUFReader maps them."""
 
 
-def read_tensors(path: Path) -> list[Tensor]:
+def mapped_tensors(path: Path) -> list[Tensor]:
     """A GGUF file's tensors over a memmap, through macspec's header reader (gguf.GGUFReader
     reads the same but builds an array per vocabulary entry: 40 s for Gemma's 262k here)."""
     data = np.memmap(path, np.uint8, mode="r")
@@ -62,7 +62,7 @@ def float32_reference(folder: Path, path: Path) -> nn.Module:
     model, config = load_model(folder, lazy=True, strict=False)
     weights = {
         tensor.name: mx.array(quants.dequantize(tensor.data, tensor.qtype).reshape(tensor.shape))
-        for tensor in read_tensors(path)
+        for tensor in mapped_tensors(path)
     }
     model.load_weights(list(to_mlx(read_header(path), config, weights).items()), strict=True)
     mx.eval(model.parameters())

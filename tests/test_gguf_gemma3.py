@@ -11,9 +11,10 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from kquantkit import float32_reference, gemma_q4_k_m
-from losslesskit import reference
+from losslesskit import done_of, reference
 
 from macspec.cli import main
+from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
 from macspec.models import hub
@@ -83,6 +84,18 @@ def test_greedy_raw_continuations_are_the_float32_references(gemma, answers, kin
     assert done.tokens == answers[text]
     if drafter is not None:  # the copy is drafted and kept
         assert done.stats.draft_accepted > 0
+
+
+def test_seeded_sampling_with_lookup_is_plain_seeded_sampling(gemma):
+    _, _, loaded, _ = gemma
+    prompt = loaded.tokenizer.encode(COPYING)
+    sampling = SamplingParams(temperature=1.0)
+    config = GenerationConfig(max_tokens=MAX_TOKENS, sampling=sampling, seed=3)
+    plain = done_of(Engine(loaded.target, loaded.tokenizer).generate(prompt, config))
+    lookup = Engine(loaded.target, loaded.tokenizer, make_drafter("lookup", loaded), FixedPolicy(4))
+    drafted = done_of(lookup.generate(prompt, config))
+    assert plain.stats.sampler == "coupled" and drafted.stats.draft_proposed > 0
+    assert drafted.tokens == plain.tokens
 
 
 def test_run_cli_raw_answers_from_the_file(gemma, answers, capsys, monkeypatch):

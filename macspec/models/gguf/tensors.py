@@ -127,7 +127,8 @@ def read_tensors(header: GGUFHeader, use_mx_load: bool = True) -> dict[str, mx.a
             if mx_loadable or tensor.qtype in (Q.F32, Q.F16, Q.BF16):
                 parts = CONVERTERS[tensor.qtype](raw, tensor.shape)
             else:
-                parts = kquants.convert(tensor.qtype, raw, tensor.shape, name=tensor.name)
+                name = f"{header.path}: tensor {tensor.name}"
+                parts = kquants.convert(tensor.qtype, raw, tensor.shape, name=name)
             stem = tensor.name.removesuffix(".weight")
             out.update({stem + "." + part: value for part, value in parts.items()})
             mx.eval(list(parts.values()))  # one tensor's conversion at a time: peak memory
