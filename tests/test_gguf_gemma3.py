@@ -12,6 +12,7 @@ import mlx.core as mx
 import pytest
 from kquantkit import float32_reference, gemma_q4_k_m
 from losslesskit import done_of, reference
+from mlx.utils import tree_flatten
 
 from macspec.cli import main
 from macspec.engine.core.sampling import SamplingParams
@@ -20,6 +21,7 @@ from macspec.engine.policy.length import FixedPolicy
 from macspec.models import hub
 from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels
+from macspec.models.gguf.load import CONVERTED, load_gguf_model
 
 MAX_TOKENS = 8
 """Greedy tokens compared. scripts/figures/gguf_kquant_agreement.py measured 24 of 24 equal on
@@ -65,6 +67,17 @@ def test_weights_are_converted_not_dequantized(gemma):
     assert loaded.target.model.embed_tokens.bits == 8  # Q8_0
     assert loaded.target.model.embed_tokens.scales.dtype == mx.float32
     assert layer.mlp.down_proj.weight.dtype == mx.float16  # Q6_K: no exact form
+
+
+def test_converted_once_then_read_from_the_cache(gemma):
+    _, _, loaded, _ = gemma
+    folder = loaded.target_path
+    assert (folder / CONVERTED).is_file() and not list(folder.glob("*.partial.*"))
+    converted = dict(tree_flatten(loaded.target.parameters()))
+    cached = dict(tree_flatten(load_gguf_model(folder).parameters()))
+    assert converted.keys() == cached.keys()
+    for name, array in converted.items():
+        assert cached[name].dtype == array.dtype and mx.array_equal(cached[name], array), name
 
 
 def test_prompt_ids_are_the_published_tokenizers(gemma):
