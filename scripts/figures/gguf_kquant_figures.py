@@ -28,7 +28,7 @@ from gguf import GGMLQuantizationType, quants
 from macspec.models.gguf import kquants
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-from kquantkit import Tensor, gemma_q4_k_m, read_tensors  # noqa: E402
+from kquantkit import Tensor, gemma_q4_k_m, mapped_tensors  # noqa: E402
 
 LLAMA3_8B_Q4_K_M_GB = {"Q4_K": 3.6, "Q6_K": 1.3}
 """Llama 3 8B Q4_K_M (4.9 GB) by type: llama.cpp puts Q6_K on output.weight and half of the
@@ -150,7 +150,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         path = args.gguf or gemma_q4_k_m(Path(folder))
-        tensors = read_tensors(path)
+        tensors = mapped_tensors(path)
         runs = []
         for _ in range(args.repeat):
             with AnonymousPeak() as memory:

@@ -4,6 +4,7 @@ GGUF file."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,8 +13,12 @@ import mlx.nn as nn
 from macspec.errors import MacspecError
 from macspec.models.gguf.config import quantization, rope_factors, to_mlx
 from macspec.models.gguf.folder import check_types, gguf_entry
-from macspec.models.gguf.header import read_header
-from macspec.models.gguf.tensors import read_tensors
+from macspec.models.gguf.header import GGUFHeader, read_header
+from macspec.models.gguf.tensors import CONVERTERS, read_tensors
+
+CONVERTED = "converted.safetensors"
+"""The converted weights of a file mx.load cannot read, beside the derived config.json (the
+folder is keyed by the file's identity, so a changed file gets another folder)."""
 
 
 def load_gguf_model(folder: Path) -> nn.Module:
@@ -28,7 +33,7 @@ def load_gguf_model(folder: Path) -> nn.Module:
     if header.identity() != entry.get("identity"):  # changed since this folder was derived
         raise MacspecError(f"{path}: changed since it was read; name the file again to reload it")
     check_types(header)
-    weights = read_tensors(header)
+    weights = _converted_once(folder, header)
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
     model, config = load_model(
         folder, lazy=True, strict=False, model_config=quantization(header, weights)
@@ -56,3 +61,22 @@ def _set_rope_factors(model: nn.Module, factors: mx.array) -> None:
         dims = rope.dims
         base = model.args.rope_theta
         rope._freqs = (base ** (mx.arange(0, dims, 2) / dims)) * factors.astype(mx.float32)
+
+
+def _converted_once(folder: Path, header: GGUFHeader) -> dict[str, mx.array]:
+    """The file's tensors: mx.load's types from the file itself; any other file converted once
+    and cached in its derived folder, written whole (a temporary name, then a rename), so a
+    second load reads it as fast as an mlx-lm folder."""
+    if all(tensor.qtype in CONVERTERS for tensor in header.tensors.values()):
+        return read_tensors(header)
+    cache = folder / CONVERTED
+    if cache.is_file():
+        return mx.load(str(cache))
+    weights = read_tensors(header)
+    partial = folder / f"converted.{os.getpid()}.partial.safetensors"
+    try:
+        mx.save_safetensors(str(partial), weights)
+        os.replace(partial, cache)
+    finally:
+        partial.unlink(missing_ok=True)
+    return weights
