@@ -122,10 +122,11 @@ def unreadable(header: GGUFHeader) -> list[tuple[str, Q]]:
     return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in readable]
 
 
-def converter(header: GGUFHeader, qtype: Q, name: str) -> Converter:
-    """How this file's tensor of `qtype` is read: as `mx.load` would in a file of only its
-    types, else (floats aside) through kquants with float32 scales."""
-    if qtype in FLOAT_TYPES or all(t.qtype in CONVERTERS for t in header.tensors.values()):
+def converter(qtype: Q, kquant_file: bool, name: str) -> Converter:
+    """How a tensor of `qtype` is read: as `mx.load` would in a file of only its types, else
+    (`kquant_file`; floats aside) through kquants with float32 scales, its errors naming
+    `name`."""
+    if qtype in FLOAT_TYPES or not kquant_file:
         return CONVERTERS[qtype]
 
     def convert(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
@@ -144,16 +145,16 @@ def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     quantized one), evaluated. Read tensor by tensor rather than by `mx.load`, which holds
     the whole file twice while it reads and gives BF16 as float16."""
     out: dict[str, mx.array] = {}
+    kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
     with open(header.path, "rb") as file:
         for tensor in header.tensors.values():
             stem = tensor.name.removesuffix(".weight")
-            read = converter(header, tensor.qtype, tensor.name)
-            for part, value in _convert(file, tensor, read).items():
+            for part, value in _convert(file, tensor, kquant_file).items():
                 out[tensor.name if part == "weight" else f"{stem}.{part}"] = value
     return out
 
 
-def _convert(file, tensor: TensorEntry, read: Converter) -> dict[str, mx.array]:
+def _convert(file, tensor: TensorEntry, kquant_file: bool) -> dict[str, mx.array]:
     """One tensor through its converter, a slab of whole rows at a time."""
     rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
     row_bytes = tensor.nbytes // rows
@@ -166,7 +167,8 @@ def _convert(file, tensor: TensorEntry, read: Converter) -> dict[str, mx.array]:
         if raw.size < count * row_bytes:  # cut short since its header was read
             raise MacspecError(f"{file.name}: truncated at tensor {tensor.name}")
         shape = (count, *tensor.shape[1:]) if len(tensor.shape) > 1 else tensor.shape
-        slab = read(raw, shape)
+        where = f"{file.name}: tensor {tensor.name}" + (f" (from row {first})" if first else "")
+        slab = converter(tensor.qtype, kquant_file, where)(raw, shape)
         if count == rows:
             out = slab
         else:  # written into the whole tensor in place (its buffer donated to each update)
