@@ -116,7 +116,14 @@ def gguf_name(name: str, arch: str) -> str:
 
 
 def write_gguf(
-    model, config: dict, path: Path, *, float_type=None, meta: dict | None = None, tokenizer=True
+    model,
+    config: dict,
+    path: Path,
+    *,
+    float_type=None,
+    meta: dict | None = None,
+    tokenizer=True,
+    add_bos=False,
 ) -> Path:
     """A tiny mlx-lm model (float32) as a GGUF, with the tiny byte-level tokenizer."""
     from gguf import GGMLQuantizationType, GGUFWriter
@@ -148,7 +155,7 @@ def write_gguf(
     for key, value in (meta or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
     if tokenizer:
-        write_tiny_tokenizer(writer)
+        write_tiny_tokenizer(writer, add_bos)
     for name, value in tree_flatten(model.parameters()):
         array = np.array(value.astype(mx.float32))
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
