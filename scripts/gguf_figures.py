@@ -74,7 +74,8 @@ def drafting_figures(gguf: Path, count: int, max_tokens: int) -> list[dict]:
     folder = hub.local_model_path(str(gguf))
     target, tokenizer = load_model(folder, "model")
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=folder)
-    prompts = [*GROUNDED, *builtin()][:count]
+    grounded, others = list(GROUNDED), builtin()
+    prompts = [*grounded[: (count + 1) // 2], *others[: count // 2]]  # both kinds, half each
     plain = Engine(target, tokenizer)
     config = GenerationConfig(max_tokens=max_tokens)
     rows = []
@@ -96,17 +97,17 @@ def drafting_figures(gguf: Path, count: int, max_tokens: int) -> list[dict]:
                 accepted += stats.draft_accepted
                 passes += stats.target_passes
                 tokens += stats.generated_tokens
-            rows.append(
-                {
-                    "draft": kind,
-                    "k": k,
-                    "proposed": proposed,
-                    "accepted": accepted,
-                    "acceptance": accepted / proposed if proposed else 0.0,
-                    "tokens_per_pass": tokens / passes if passes else 0.0,
-                    "identical_to_plain": same,
-                }
-            )
+            row = {
+                "draft": kind,
+                "k": k,
+                "proposed": proposed,
+                "accepted": accepted,
+                "acceptance": accepted / proposed if proposed else 0.0,
+                "tokens_per_pass": tokens / passes if passes else 0.0,
+                "identical_to_plain": same,
+            }
+            print(json.dumps(row), file=sys.stderr, flush=True)  # as it comes: runs are long
+            rows.append(row)
     return rows
 
 
