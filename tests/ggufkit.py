@@ -75,26 +75,6 @@ def llama_reference_folder(gguf: Path, folder: Path) -> Path:
 
 # -- tiny random models written as llama.cpp's convert_hf_to_gguf.py writes them ---------------
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
-HF_TO_GGUF = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "input_layernorm": "attn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "post_attention_layernorm": "ffn_norm",
-}
-GEMMA_HF_TO_GGUF = {
-    **HF_TO_GGUF,
-    "post_attention_layernorm": "post_attention_norm",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm",
-}
-TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
 def llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -106,17 +86,23 @@ def llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def gguf_name(name: str, arch: str) -> str:
-    table = GEMMA_HF_TO_GGUF if arch == "gemma3" else HF_TO_GGUF
-    stem, kind = name.rsplit(".", 1)
-    if stem.startswith("model.layers."):
-        _, _, index, module = stem.split(".", 3)
-        return f"blk.{index}.{table[module]}.{kind}"
-    return f"{TOP[stem]}.{kind}"
+def gguf_name(name: str, arch: str, blocks: int) -> str:
+    """A weight's GGUF name, by gguf's own table (the one convert_hf_to_gguf.py uses)."""
+    import gguf
+
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], blocks)
+    return names.get_name(name, try_suffixes=(".weight", ".bias"))
 
 
 def write_gguf(
-    model, config: dict, path: Path, *, float_type=None, meta: dict | None = None, tokenizer=True
+    model,
+    config: dict,
+    path: Path,
+    *,
+    float_type=None,
+    meta: dict | None = None,
+    tokenizer=True,
+    add_bos=False,
 ) -> Path:
     """A tiny mlx-lm model (float32) as a GGUF, with the tiny byte-level tokenizer."""
     from gguf import GGMLQuantizationType, GGUFWriter
@@ -148,7 +134,7 @@ def write_gguf(
     for key, value in (meta or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
     if tokenizer:
-        write_tiny_tokenizer(writer)
+        write_tiny_tokenizer(writer, add_bos)
     for name, value in tree_flatten(model.parameters()):
         array = np.array(value.astype(mx.float32))
         if arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -158,7 +144,11 @@ def write_gguf(
         if arch == "gemma3" and name.endswith("norm.weight"):
             array = array + 1  # Gemma3Model.modify_tensors: llama.cpp multiplies by w, not 1 + w
         kind = float_type if array.ndim == 2 else GGMLQuantizationType.F32  # norms stay F32
-        writer.add_tensor(gguf_name(name, arch), _encoded(array, kind), raw_dtype=kind)
+        writer.add_tensor(
+            gguf_name(name, arch, config["num_hidden_layers"]),
+            _encoded(array, kind),
+            raw_dtype=kind,
+        )
     scaling = config.get("rope_scaling") or {}
     if scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))

@@ -177,6 +177,16 @@ def test_each_type_converts_to_mx_loads_arrays(kind, tmp_path):
         assert mx.array_equal(converted[name], array), name
 
 
+def test_bos_is_added_when_the_file_says_so(tmp_path, published):
+    config = CONFIGS["llama"]
+    path = write_gguf(random_model(config, 3), config, tmp_path / "bos.gguf", add_bos=True)
+    _, tok = load_model(hub.local_model_path(str(path)), "model")
+    assert tok.encode("hi") == [256, *published.encode("hi")]  # <|bos|>, then the text
+    turns = [{"role": "user", "content": "hi"}]
+    templated = tok.apply_chat_template(turns, add_generation_prompt=True)
+    assert templated == published.apply_chat_template(turns, add_generation_prompt=True)
+
+
 def test_derived_folder_is_kept_and_follows_the_file(tmp_path, monkeypatch):
     config, path = CONFIGS["llama"], tmp_path / "model.gguf"
     first = random_model(config, seed=1)

@@ -63,8 +63,9 @@ def load_figures(gguf: Path, folder: Path, loads: int, home: str) -> dict:
     return out
 
 
-def drafting_figures(gguf: Path, count: int, max_tokens: int) -> list[dict]:
+def drafting_figures(gguf: Path, count: int, max_tokens: int, configs) -> list[dict]:
     from macspec.bench.prompts import GROUNDED, builtin
+    from macspec.engine.drafters.suffix import SaidTokens
     from macspec.engine.generate.loop import Engine, GenerationConfig
     from macspec.engine.policy.length import FixedPolicy
     from macspec.models import hub
@@ -74,7 +75,8 @@ def drafting_figures(gguf: Path, count: int, max_tokens: int) -> list[dict]:
     folder = hub.local_model_path(str(gguf))
     target, tokenizer = load_model(folder, "model")
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=folder)
-    prompts = [*GROUNDED, *builtin()][:count]
+    grounded, others = list(GROUNDED), builtin()
+    prompts = [*grounded[: (count + 1) // 2], *others[: count // 2]]  # both kinds, half each
     plain = Engine(target, tokenizer)
     config = GenerationConfig(max_tokens=max_tokens)
     rows = []
@@ -83,30 +85,31 @@ def drafting_figures(gguf: Path, count: int, max_tokens: int) -> list[dict]:
         turns = [{"role": "user", "content": prompt.text}]
         ids[prompt.name] = tokenizer.apply_chat_template(turns, add_generation_prompt=True)
     answers = {name: list(plain.generate(p, config))[-1].tokens for name, p in ids.items()}
-    for kind in ("lookup", "suffix"):
-        for k in (4, 8):
-            engine = Engine(target, tokenizer, make_drafter(kind, loaded), FixedPolicy(k))
-            proposed = accepted = passes = tokens = 0
-            same = True
-            for prompt in prompts:
-                done = list(engine.generate(ids[prompt.name], config))[-1]
-                same &= done.tokens == answers[prompt.name]
-                stats = done.stats
-                proposed += stats.draft_proposed
-                accepted += stats.draft_accepted
-                passes += stats.target_passes
-                tokens += stats.generated_tokens
-            rows.append(
-                {
-                    "draft": kind,
-                    "k": k,
-                    "proposed": proposed,
-                    "accepted": accepted,
-                    "acceptance": accepted / proposed if proposed else 0.0,
-                    "tokens_per_pass": tokens / passes if passes else 0.0,
-                    "identical_to_plain": same,
-                }
-            )
+    for kind, k in configs:
+        # A fresh store of what was said: suffix drafting must not find earlier runs' answers.
+        loaded.said = SaidTokens()
+        engine = Engine(target, tokenizer, make_drafter(kind, loaded), FixedPolicy(k))
+        proposed = accepted = passes = tokens = 0
+        same = True
+        for prompt in prompts:
+            done = list(engine.generate(ids[prompt.name], config))[-1]
+            same &= done.tokens == answers[prompt.name]
+            stats = done.stats
+            proposed += stats.draft_proposed
+            accepted += stats.draft_accepted
+            passes += stats.target_passes
+            tokens += stats.generated_tokens
+        row = {
+            "draft": kind,
+            "k": k,
+            "proposed": proposed,
+            "accepted": accepted,
+            "acceptance": accepted / proposed if proposed else 0.0,
+            "tokens_per_pass": tokens / passes if passes else 0.0,
+            "identical_to_plain": same,
+        }
+        print(json.dumps(row), file=sys.stderr, flush=True)  # as it comes: runs are long
+        rows.append(row)
     return rows
 
 
@@ -115,7 +118,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--loads", type=int, default=3)
+    parser.add_argument(
+        "--configs", default="lookup:4,lookup:8,suffix:4,suffix:8", help="drafter:k, comma list"
+    )
     args = parser.parse_args()
+    configs = [(kind, int(k)) for kind, k in (c.split(":") for c in args.configs.split(","))]
     from ggufkit import llama_reference_folder, smollm2_path
 
     gguf = smollm2_path()
@@ -133,7 +140,9 @@ def main() -> None:
             if (derived / name).is_file():
                 (folder / name).write_bytes((derived / name).read_bytes())
         loads = load_figures(gguf, folder, args.loads, home) if args.loads else {}
-        drafting = drafting_figures(gguf, args.prompts, args.max_tokens) if args.prompts else []
+        drafting = (
+            drafting_figures(gguf, args.prompts, args.max_tokens, configs) if args.prompts else []
+        )
     result = {"model": gguf.name, "loads": loads, "drafting": drafting}
     print(json.dumps(result, indent=2))
     for kind, figures in loads.items():

@@ -134,17 +134,21 @@ def build_config(header: GGUFHeader) -> dict[str, Any]:
 
 
 def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, Any]:
-    """mlx-lm's `quantization` entry: each quantized module's bits (embeddings and layers may
-    differ), told by its packed width against its number of groups."""
+    """mlx-lm's `quantization` entry: each quantized module's bits and group size (embeddings
+    and layers may differ; a converter may choose either), told by the converted arrays'
+    widths against the tensor's own."""
     per_module: dict[str, Any] = {}
-    for name in header.tensors:
+    for name, tensor in header.tensors.items():
         stem = name.removesuffix(".weight")
         scales = weights.get(f"{stem}.scales")
         if scales is None or name == ROPE_FREQS:
             continue
-        bits = weights[name].shape[-1] // scales.shape[-1]  # words per group = bits
+        width = tensor.shape[-1]
         module = mlx_name(name, header.architecture).removesuffix(".weight")
-        per_module[module] = {"group_size": 32, "bits": int(bits)}
+        per_module[module] = {
+            "group_size": width // scales.shape[-1],
+            "bits": weights[name].shape[-1] * 32 // width,  # uint32 words hold 32 bits each
+        }
     if not per_module:
         return {}
     first = next(iter(per_module.values()))
