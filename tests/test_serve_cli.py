@@ -159,7 +159,10 @@ def test_a_second_ctrl_c_cuts_the_answers_short_and_exits_cleanly(folders, tmp_p
         assert len(chunks) < 200
         second.join(30)
         if batch == "1":
-            assert waited == [503]  # it never started: "the server is shutting down"
+            # It never started ("the server is shutting down"); on a loaded machine the first
+            # Ctrl-C's drain may have let it start before the second: then it is cut short and
+            # says so ('cancelled', never a whole answer's 'stop').
+            assert waited == [503] or waited[0].choices[0].finish_reason == "cancelled", waited
         else:
             assert waited and not isinstance(waited[0], int)  # batched in, then cut short
         assert process.wait(30) == 0, log.read_text()
