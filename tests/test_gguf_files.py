@@ -268,3 +268,21 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path, capsys):
             assert err.count("\n") == 1 and message in err, (name, flag, err)
     leftovers = [p.name for p in (macspec_home() / "gguf").iterdir() if p.name.startswith(".")]
     assert leftovers == []
+
+
+def test_a_first_load_says_nothing_of_transformers(tmp_path):
+    """Deriving the tokenizer imports transformers, whose "PyTorch was not found" advice is no
+    line for macspec's users: a fresh process's stderr is the stats line alone."""
+    import os
+    import subprocess
+    import sys
+
+    config = CONFIGS["llama"]
+    path = write_gguf(random_model(config, seed=0), config, tmp_path / "model.gguf")
+    env = {**os.environ, "MACSPEC_HOME": str(tmp_path / "home")}
+    env.pop("TRANSFORMERS_NO_ADVISORY_WARNINGS", None)
+    command = [sys.executable, "-m", "macspec", "run", "--model", str(path), "--raw", "hi"]
+    done = subprocess.run([*command, "--max-tokens", "2"], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "PyTorch" not in done.stderr and done.stderr.count("\n") == 1, done.stderr

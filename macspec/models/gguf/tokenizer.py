@@ -10,6 +10,7 @@ byte fallback, control tokens from `token_type`); only BOS insertion is set here
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,10 @@ def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
     """tokenizer.json and tokenizer_config.json (with the chat template) into `folder`, or one
     line when the file has no tokenizer or one transformers cannot rebuild."""
     from tokenizers import processors
+
+    # transformers says "PyTorch was not found" at import: advice for its model classes, which
+    # macspec never uses (only its torch-free tokenizer converters): not a line for our users.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import PreTrainedTokenizerFast
     from transformers.integrations.gguf.gguf_tokenizer_mapping import (
         GGUF_TOKENIZER_MAPPING,
