@@ -14,6 +14,7 @@ from mlx_lm.utils import load_model
 from servekit import KEY, client
 
 from macspec.cli import main
+from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
 from macspec.models import hub
@@ -121,6 +122,19 @@ def test_greedy_answers_are_mlx_lms(smollm2, answers, kind, text):
     if kind == "model":  # SmolLM2 drafting for itself: every guess is kept
         assert done.stats.draft_proposed > 0
         assert done.stats.draft_accepted == done.stats.draft_proposed
+
+
+def test_seeded_sampling_with_drafters_is_plain_seeded_sampling(smollm2):
+    """Seeded sampling (the coupled rule) with the draft model and with suffix decoding is the
+    target alone's own seeded sample."""
+    _, engine, loaded, _ = smollm2
+    prompt = chat(loaded.tokenizer, COPYING)
+    config = GenerationConfig(max_tokens=MAX_TOKENS, sampling=SamplingParams(0.8), seed=7)
+    plain = list(Engine(loaded.target, loaded.tokenizer).generate(prompt, config))[-1].tokens
+    suffix = Engine(loaded.target, loaded.tokenizer, make_drafter("suffix", loaded), FixedPolicy(4))
+    for drafting in (engine, suffix):
+        done = list(drafting.generate(prompt, config))[-1]
+        assert done.tokens == plain and done.stats.draft_proposed > 0
 
 
 def test_run_cli_answers_from_the_file(smollm2, answers, capsys):
