@@ -4,6 +4,8 @@ and the clients that talk to it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -11,14 +13,18 @@ import openai
 import pytest
 import tiny
 
+import macspec
 from macspec.chat.session import open_models
 from macspec.engine.core.events import Done
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.models.catalog import resolve_models
+from macspec.models.pairs import open_pair
 from macspec.models.templates import encode_messages
 from macspec.serve.backend import Backend, Defaults
 from macspec.serve.server import ServerThread
 
+DEMO = Path(macspec.__file__).parent / "demo"
+"""The shipped demo pair."""
 KEY = "test-key"
 """The API key of the test servers."""
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
@@ -117,3 +123,20 @@ def served_pair_fixtures():
             yield running
 
     return folders, expected, server
+
+
+@contextmanager
+def demo_server(
+    k: str, max_tokens: int, max_batch: int = 1, draft: str | None = None,
+    api_key: str | None = KEY, model_id: str = "tiny", **backend,
+) -> Iterator[ServerThread]:  # fmt: skip
+    """`macspec serve -k K --max-batch N [--draft D]` over the shipped demo pair, as the command
+    builds it (the batching engine past one row), answering `max_tokens` when a request does
+    not say."""
+    resolved = resolve_models(None, str(DEMO / "target"), str(DEMO / "draft"))
+    opened = open_pair(resolved, k, draft=draft, batch=max_batch > 1)
+    defaults = Defaults(max_tokens=max_tokens)
+    served = Backend(opened.engine, opened.tokenizer, model_id, defaults=defaults, k=int(k),
+                     max_batch=max_batch, **backend)  # fmt: skip
+    with ServerThread(served, api_key=api_key) as running:
+        yield running

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from servekit import KEY, client, post
+from servekit import client, demo_server, post
 
 import macspec
 from macspec.engine.core.config import GenerationConfig
@@ -18,8 +18,6 @@ from macspec.engine.core.grammar import Grammar
 from macspec.models.catalog import resolve_models
 from macspec.models.pairs import open_pair
 from macspec.models.templates import encode_messages
-from macspec.serve.backend import Backend, Defaults
-from macspec.serve.server import ServerThread
 
 DEMO = Path(macspec.__file__).parent / "demo"
 REPEATED = " ".join(["a"] * 60)
@@ -40,16 +38,7 @@ def resolved():
 def server(request):
     """`macspec serve -k 4`: the default drafter (`--draft auto`), at a draft length that
     drafts on this CPU too (k auto would rightly decode plainly here)."""
-    opened = open_pair(resolved(), "4", draft="auto", batch=request.param > 1)
-    backend = Backend(
-        opened.engine,
-        opened.tokenizer,
-        "tiny",
-        defaults=Defaults(max_tokens=MAX_TOKENS),
-        k=4,
-        max_batch=request.param,
-    )
-    with ServerThread(backend, api_key=KEY) as running:
+    with demo_server("4", MAX_TOKENS, max_batch=request.param, draft="auto") as running:
         yield running
 
 

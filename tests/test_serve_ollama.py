@@ -16,16 +16,12 @@ import ollama
 import pytest
 from losslesskit import reference
 from pydantic import BaseModel, ConfigDict, Field
-from servekit import KEY, client, load_engine
+from servekit import KEY, client, demo_server, load_engine
 
 import macspec
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.grammar import Grammar
-from macspec.models.catalog import resolve_models
-from macspec.models.pairs import open_pair
 from macspec.models.templates import encode_messages, encode_prompt
-from macspec.serve.backend import Backend, Defaults
-from macspec.serve.server import ServerThread
 
 DEMO = Path(macspec.__file__).parent / "demo"
 ASK = [{"role": "user", "content": "Write a function that adds two numbers."}]
@@ -40,17 +36,7 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def server():
-    resolved = resolve_models(None, str(DEMO / "target"), str(DEMO / "draft"))
-    opened = open_pair(resolved, "3")
-    backend = Backend(
-        opened.engine,
-        opened.tokenizer,
-        "demo",
-        context_length=512,
-        defaults=Defaults(max_tokens=24),
-        k=3,
-    )
-    with ServerThread(backend, api_key=KEY) as running:
+    with demo_server("3", 24, model_id="demo", context_length=512) as running:
         yield running
 
 

@@ -13,13 +13,10 @@ import mlx_lm
 import ollama
 import pytest
 from losslesskit import reference
+from servekit import demo_server
 
 import macspec
-from macspec.models.catalog import resolve_models
-from macspec.models.pairs import open_pair
 from macspec.models.templates import encode_messages
-from macspec.serve.backend import Backend, Defaults
-from macspec.serve.server import ServerThread
 
 DEMO = Path(macspec.__file__).parent / "demo"
 TOPICS = ["adds two numbers", "reverses a list", "counts words", "reads a file"]
@@ -31,12 +28,8 @@ def conversation(i: int) -> list[dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def server():
-    resolved = resolve_models(None, str(DEMO / "target"), str(DEMO / "draft"))
-    opened = open_pair(resolved, "3", batch=True)
-    backend = Backend(opened.engine, opened.tokenizer, "demo", context_length=512, k=3, max_batch=4)
-    backend.defaults = Defaults(max_tokens=16)
-    with ServerThread(backend) as running:
-        yield running
+    with demo_server("3", 16, max_batch=4, api_key=None, model_id="demo", context_length=512) as r:
+        yield r
 
 
 def base(server) -> str:

@@ -19,16 +19,12 @@ import openai
 import pytest
 from anthropic.lib._parse._transform import transformed_json_schema
 from pydantic import BaseModel, Field, TypeAdapter
-from servekit import KEY, MESSAGES, client, load_engine, post, still_answers
+from servekit import KEY, MESSAGES, client, demo_server, load_engine, post, still_answers
 
 import macspec
 from macspec.engine.core.config import GenerationConfig
 from macspec.engine.core.grammar import Grammar
-from macspec.models.catalog import resolve_models
-from macspec.models.pairs import open_pair
 from macspec.models.templates import encode_messages
-from macspec.serve.backend import Backend, Defaults
-from macspec.serve.server import ServerThread
 
 DEMO = Path(macspec.__file__).parent / "demo"
 ASK = [{"role": "user", "content": "Give me a person as JSON."}]
@@ -61,17 +57,7 @@ BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "nosuch"}}}
 @pytest.fixture(scope="module", params=[1, 8], ids=["serial", "batch"])
 def server(request):
     """`macspec serve --max-batch 1` (the serial worker) and its default, --max-batch 8."""
-    resolved = resolve_models(None, str(DEMO / "target"), str(DEMO / "draft"))
-    opened = open_pair(resolved, "3", batch=request.param > 1)
-    backend = Backend(
-        opened.engine,
-        opened.tokenizer,
-        "tiny",
-        defaults=Defaults(max_tokens=96),
-        k=3,
-        max_batch=request.param,
-    )
-    with ServerThread(backend, api_key=KEY) as running:
+    with demo_server("3", 96, max_batch=request.param) as running:
         yield running
 
 
