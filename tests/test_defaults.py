@@ -4,6 +4,8 @@ their help."""
 
 from __future__ import annotations
 
+import json
+
 import typer.main
 
 import macspec.cli  # noqa: F401 - registers every command on the app
@@ -34,3 +36,35 @@ def test_where_a_command_differs_its_help_says_why():
     assert "serve's is auto" in helps["run"]["draft"]
     assert "run and chat take" in helps["serve"]["draft"]
     assert "greedy" in helps["bench"]["temp"] and "512" in helps["bench"]["max_tokens"]
+
+
+def test_output_names_the_shipped_models_as_users_see_them(capsys):
+    """run --json (and serve's start-up line, bench's record, `macspec cache`) show the demo's
+    models without the internal `package:` prefix: `demo/target`, as chat says `demo`."""
+    from macspec.cli import main
+
+    assert main(["run", "--json", "--max-tokens", "4", "hi"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads(out)
+    assert (record["model"], record["draft_model"]) == ("demo/target", "demo/draft-tuned")
+    assert "package:" not in out
+
+
+def test_cache_lists_a_shipped_model_by_its_shown_name(tmp_path):
+    from macspec.prefix.store import MODEL_FILE, DiskStore
+
+    folder = tmp_path / "0123abcd"
+    folder.mkdir()
+    (folder / MODEL_FILE).write_text(json.dumps({"name": "package:demo/target"}))
+    usage = DiskStore(tmp_path, max_bytes=0).usage()
+    assert [m.name for m in usage if m.folder == folder] == ["demo/target"]
+
+
+def test_bench_k_takes_auto_as_the_other_commands_do():
+    from macspec.cli.bench import parse_ks
+
+    assert parse_ks("2,auto,4", (3,)) == (2, 4)
+    assert parse_ks("auto", (2, 3, 4)) == (2, 3, 4)  # the adaptive length always runs beside
+    group = typer.main.get_command(app)
+    k_help = next(p.help for p in group.commands["bench"].params if p.name == "k")
+    assert "'auto'" in k_help and "always runs beside" in k_help

@@ -163,7 +163,7 @@ def test_plain_run_drafts_with_the_tuned_draft_at_draft_length_auto(capsys):
     ) in opening
     assert main(["run", "--json", "--max-tokens", "12", "def keys(self):"]) == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["drafter"] == "model" and record["draft_model"] == "package:demo/draft-tuned"
+    assert record["drafter"] == "model" and record["draft_model"] == "demo/draft-tuned"
     assert record["stats"]["drafter_choice"] is None
     from macspec.engine.policy.length import AutoPolicy
     from macspec.models.build import build_engine

@@ -21,6 +21,7 @@ from macspec.cli.bench_tables import render, summary_lines
 from macspec.cli.store_params import say_draft_choice
 from macspec.models.catalog import context_length, resolve_models
 from macspec.models.flags import DRAFT_SOURCES
+from macspec.models.hub import display_name
 
 BENCH_SOURCES = tuple(s for s in DRAFT_SOURCES if s != "auto")
 """What `--draft` may list: the drafters measured apart ('auto' picks among them per cycle)."""
@@ -44,9 +45,15 @@ def parse_trees(text: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(str(size) for size in sizes if size is not None))
 
 
-def parse_ks(text: str) -> tuple[int, ...]:
+def parse_ks(text: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """The fixed lengths of `-k 2,3,auto`: 'auto' (the adaptive length, which always runs
+    beside them) may be listed as in run, chat and serve; alone it keeps the default lengths."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    fixed = [part for part in parts if part != "auto"]
+    if parts and not fixed:
+        return default
     try:
-        ks = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+        ks = tuple(dict.fromkeys(int(part) for part in fixed))
     except ValueError:
         fail(f"-k must be a comma-separated list of draft lengths such as 2,3,4, got {text!r}")
     if not ks or any(k < 1 or k > 15 for k in ks):
@@ -110,7 +117,9 @@ def bench(
             "--num-draft-tokens",
             "-k",
             metavar="N[,N...]",
-            help="Fixed draft lengths to compare [default: 2,3,4; 3 with --quick].",
+            help="Fixed draft lengths to compare [default: 2,3,4; 3 with --quick]. The adaptive "
+            "length ('auto', the other commands' default) always runs beside them, so listing "
+            "'auto' adds nothing.",
         ),
     ] = None,
     k_alias: Annotated[
@@ -218,7 +227,8 @@ def bench(
     if k is not None and k_alias is not None:
         fail("pass -k/--num-draft-tokens once (--k is its old name)")
     k = k if k is not None else k_alias
-    ks = parse_ks(k) if k is not None else ((3,) if quick else (2, 3, 4))
+    default_ks = (3,) if quick else (2, 3, 4)
+    ks = parse_ks(k, default_ks) if k is not None else default_ks
     settings = BenchSettings(
         max_tokens=max_tokens if max_tokens is not None else (32 if quick else 128),
         temperature=temp,
@@ -272,8 +282,8 @@ def bench(
 
             result = run_bench(loaded, ids, settings, progress, group, watchdog)
         models = {
-            "target": resolved.target_name,
-            "draft": resolved.draft_name,
+            "target": display_name(resolved.target_name),
+            "draft": display_name(resolved.draft_name),
             "target_path": str(resolved.target),
             "draft_path": str(resolved.draft),
             "pair": resolved.pair.name if resolved.pair is not None else None,

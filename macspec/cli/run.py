@@ -17,6 +17,7 @@ from macspec.cli.app import app, fail
 from macspec.cli.store_params import say_draft_choice, with_store_params
 from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
+from macspec.models.hub import display_name
 
 if TYPE_CHECKING:
     from macspec.engine.core.events import Done
@@ -301,8 +302,8 @@ def interrupted(tally: Tally, out: ReasoningWriter, as_json: bool) -> NoReturn:
 def run_record(done: Done, prompt_ids: list[int], resolved, engine) -> dict[str, Any]:
     """The stable --json schema that other tools and our benchmarks parse."""
     return {
-        "model": resolved.target_name,
-        "draft_model": resolved.draft_name if engine.drafter is not None else None,
+        "model": display_name(resolved.target_name),
+        "draft_model": display_name(resolved.draft_name) if engine.drafter is not None else None,
         "drafter": engine.drafter.name if engine.drafter is not None else None,
         "sampler": done.stats.sampler,
         "pair": resolved.pair.name if resolved.pair is not None else None,

@@ -11,6 +11,7 @@ from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.cli.store_params import say_draft_choice, serve_defaults
 from macspec.models.catalog import resolve_models
+from macspec.models.hub import display_name
 
 
 @app.command()
@@ -170,7 +171,7 @@ def serve_models(
     serving = not where or where["group"].rank() == 0
     # The port first: a taken one is said at once, not after minutes of loading a big model.
     sock = bind(host, port) if serving else None
-    print(f"macspec: loading {resolved.target_name}…", file=sys.stderr, flush=True)
+    print(f"macspec: loading {display_name(resolved.target_name)}…", file=sys.stderr, flush=True)
     try:
         loaded = open_batched(resolved, draft_args, where, max_batch)
         if not where and disk is not None:  # a sharded target's caches are not stored
@@ -195,7 +196,8 @@ def serve_models(
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
     model_id = resolved.pair.name if resolved.pair is not None else resolved.target_name
-    aliases = tuple({resolved.target_name, str(resolved.target)} - {model_id})
+    names = {resolved.target_name, display_name(resolved.target_name), str(resolved.target)}
+    aliases = tuple(names - {model_id})
     num_draft_tokens = draft_args[0]
     k = num_draft_tokens or (resolved.pair.draft_policy if resolved.pair is not None else "auto")
     backend = Backend(

@@ -87,6 +87,12 @@ def is_repo_id(name: str) -> bool:
     return True
 
 
+def display_name(name: str | None) -> str | None:
+    """A model's name as output shows it: a shipped model without the internal `package:`
+    prefix (`demo/target`), any other name as given."""
+    return name.removeprefix(PACKAGE_PREFIX) if name is not None else None
+
+
 def package_path(name: str) -> Path:
     """The folder inside the installed macspec package that a `package:` name points to."""
     return PACKAGE_ROOT / name.removeprefix(PACKAGE_PREFIX)

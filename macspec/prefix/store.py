@@ -27,6 +27,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from macspec.models.hub import display_name
 from macspec.prefix import blockfile
 from macspec.prefix.blockfile import TEMP_MARK, Damaged
 from macspec.prefix.settings import THIN_SHARE
@@ -183,7 +184,8 @@ class DiskStore:
                 described = json.loads((folder / MODEL_FILE).read_text())
             except (OSError, ValueError):
                 described = {}
-            usage = ModelUsage(folder, str(described.get("name") or folder.name), files={})
+            name = display_name(str(described.get("name") or folder.name))
+            usage = ModelUsage(folder, name, files={})
             for sub in _subfolders(folder):
                 for entry in _entries(sub):
                     if not entry.name.endswith(SUFFIX):

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 LOAD_ONE = """
@@ -119,7 +119,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--loads", type=int, default=3)
     parser.add_argument(
-        "--configs", default="lookup:4,lookup:8,suffix:4,suffix:8", help="drafter:k, comma list"
+        "--configs",
+        default="lookup:4,lookup:8,suffix:4,suffix:8,hybrid:4,hybrid:8",
+        help="drafter:k, comma list",
     )
     args = parser.parse_args()
     configs = [(kind, int(k)) for kind, k in (c.split(":") for c in args.configs.split(","))]
