@@ -198,7 +198,7 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
         train_s = time.perf_counter() - started
         peak = mx.get_peak_memory()
         tuned = fuse(loaded.draft, quantized)
-        save.copy_draft_files(resolved.draft, folder)
+        save.copy_draft_files(resolved.draft, folder, tuned)
         save_model(folder, tuned)
         del tuned
         # The saved folder, loaded as any mlx-lm model is, is what gets measured.

@@ -14,9 +14,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import mlx.nn as nn
+
 from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.catalog import SHIPPED_CATALOG, is_pair_name, parse_catalog
+from macspec.models.gguf.folder import GGUF_KEY, gguf_entry
 from macspec.models.home import read_toml, user_catalog_path
 
 WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json", "*.bin", "*.gguf", "*.pt")
@@ -102,12 +105,36 @@ def staging(out: Path, force: bool) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def copy_draft_files(draft: Path, folder: Path) -> None:
-    """The draft's config, tokenizer and other files, byte for byte (weights excepted)."""
+def copy_draft_files(draft: Path, folder: Path, tuned: nn.Module) -> None:
+    """The draft's config, tokenizer and other files, byte for byte (weights excepted). A
+    draft read from a GGUF file gets a config of its own: its derived config names the file
+    (which would load the file's weights, not the tuned ones) and leaves the quantization to
+    the loader; the tuned folder is a plain mlx-lm folder with its quantization written."""
     folder.mkdir(parents=True, exist_ok=True)
     for file in sorted(draft.iterdir()):
         if file.is_file() and not any(file.match(p) for p in WEIGHT_FILES):
             shutil.copyfile(file, folder / file.name)  # follows the HF cache's symlinks
+    if gguf_entry(draft) is None:
+        return
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config.pop(GGUF_KEY, None)
+    config.pop("quantization", None)
+    config.update(quantization_of(tuned))
+    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
+
+def quantization_of(model: nn.Module) -> dict:
+    """mlx-lm's `quantization` entry for a model as it is: each quantized module's group size,
+    bits and mode (a GGUF's embeddings and layers often differ); {} for a float model."""
+    per_module = {
+        path: {"group_size": module.group_size, "bits": module.bits, "mode": module.mode}
+        for path, module in model.named_modules()
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
+    if not per_module:
+        return {}
+    first = next(iter(per_module.values()))
+    return {"quantization": {**first, **per_module}}
 
 
 # -- registering the pair ------------------------------------------------------------------
