@@ -58,6 +58,7 @@ def test_serve_defaults_come_from_the_params(monkeypatch, ollama_model):
     )
     assert main(["serve", "--model", ollama_model]) == 0
     assert (seen[0].temperature, seen[0].top_k, seen[0].top_p) == (0.6, 20, 0.95)
+    assert (seen[0].stop, seen[0].seed) == (("<|im_end|>",), 7)
     assert main(["serve", "--model", ollama_model, "--top-k", "5"]) == 0
     assert seen[1].top_k == 5 and seen[1].temperature == 0.6
 
@@ -67,3 +68,23 @@ def test_bad_params_are_one_line(capsys, ollama_model, name, needle):
     assert main(["run", "--model", name, "hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and name in err and "Ollama params" in err and needle in err
+
+
+def test_serve_applies_the_params_stop_and_seed_to_requests_without_their_own():
+    """The defaults reach each request: a request that gives no stop strings or seed gets the
+    model's; one that gives its own keeps them."""
+    from servekit import DEMO
+
+    from macspec.models.catalog import resolve_models
+    from macspec.models.pairs import open_pair
+    from macspec.serve.backend import Backend, Defaults
+    from macspec.serve.turn import ChatTurn
+
+    opened = open_pair(resolve_models(None, str(DEMO / "target"), None), "1")
+    defaults = Defaults(stop=("<|im_end|>",), seed=7)
+    backend = Backend(opened.engine, opened.tokenizer, "tiny", defaults=defaults)
+    messages = [{"role": "user", "content": "hi"}]
+    plain = backend.prepare_turn(ChatTurn(messages=messages)).config
+    assert (plain.stop_strings, plain.seed) == (("<|im_end|>",), 7)
+    own = backend.prepare_turn(ChatTurn(messages=messages, stop=("END",), seed=1)).config
+    assert (own.stop_strings, own.seed) == (("END",), 1)

@@ -89,11 +89,12 @@ def with_store_params(
 
 
 def serve_defaults(defaults: Any, resolved: ResolvedModels, context: typer.Context) -> Any:
-    """serve's request defaults (`serve.backend.Defaults`) with the target's Ollama sampling
-    params where no flag was given; a request's own values still win."""
+    """serve's request defaults (`serve.backend.Defaults`) with the target's Ollama params
+    (sampling, length, stop strings, seed) where no flag was given; a request's own values
+    still win."""
     chosen = store_defaults(resolved, context)
     fields = {"temp": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
-    fields["max_tokens"] = "max_tokens"
+    fields.update(max_tokens="max_tokens", stop="stop", seed="seed")
     return replace(defaults, **{fields[k]: v for k, v in chosen.items() if k in fields})
 
 

@@ -44,6 +44,11 @@ class Defaults:
     """Tokens to generate when a request does not say (the room left in the context caps it)."""
     template_args: dict[str, Any] = field(default_factory=dict)
     """Chat template arguments (--think, --chat-template-args); a request's own extend them."""
+    stop: tuple[str, ...] = ()
+    """Stop strings for a request that gives none (an Ollama model's params: its template's
+    end-of-turn text, where the model's own end token does not end a turn)."""
+    seed: int | None = None
+    """The seed of a request that gives none (an Ollama model's params)."""
 
 
 @dataclass(frozen=True)
@@ -330,8 +335,8 @@ class Backend:
             return GenerationConfig(
                 max_tokens=max_tokens,
                 sampling=sampling,
-                stop_strings=stops,
-                seed=turn.seed,
+                stop_strings=stops or d.stop,
+                seed=d.seed if turn.seed is None else turn.seed,
                 context_length=context,
                 grammar=grammar,
             )

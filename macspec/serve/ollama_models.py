@@ -6,6 +6,7 @@ capabilities), and the names a client may call it by (Ollama's `name:tag`, `late
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from datetime import datetime, timezone
 from functools import cached_property
@@ -232,6 +233,9 @@ class ServedModel:
         ]
         if self.backend.context_length:
             lines.append(("num_ctx", self.backend.context_length))
+        if d.seed is not None:
+            lines.append(("seed", d.seed))
+        lines += [("stop", json.dumps(stop)) for stop in d.stop]  # Ollama quotes each
         return "\n".join(f"{name:<30} {value}" for name, value in lines)
 
     def show(self) -> dict[str, Any]:
