@@ -111,6 +111,26 @@ def exactness(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
     return exact, inexact
 
 
+def resident_bytes(header: GGUFHeader) -> int:
+    """The converted weights' bytes in memory, from the header alone: a quantized tensor at
+    MLX's packed size plus a scale and a bias per group of 32 (float32 in a file read through
+    kquants, float16 as `mx.load` gives them), one kept as float16 at 2 bytes a value, floats
+    as stored."""
+    kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
+    scale_bytes = 4 if kquant_file else 2
+    total = 0
+    for tensor in header.tensors.values():
+        values = int(np.prod(tensor.shape, dtype=np.int64))
+        bits = kquants.affine_bits(tensor.qtype)
+        if tensor.qtype in FLOAT_TYPES:
+            total += tensor.nbytes
+        elif bits is None:
+            total += 2 * values
+        else:
+            total += values * bits // 8 + values // GROUP_SIZE * 2 * scale_bytes
+    return total
+
+
 def readable_types() -> list[Q]:
     """Every tensor type macspec reads."""
     return [qtype for qtype in Q if qtype in CONVERTERS or kquants.convertible(qtype)]
