@@ -1,10 +1,13 @@
 """What loading a GGUF file that must be converted reports: one line on its first load naming
 the exact and the float16 tensors (and the same in --json), the converted size estimated from
-the header alone. Tiny files written with gguf's writer (Q5_0: read through the converter)."""
+the header alone, a progress bar on a terminal while it converts. Tiny files written with
+gguf's writer (Q5_0: read through the converter)."""
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +18,11 @@ from gguf import GGUFWriter
 from ggufkit import write_gguf
 
 from macspec.cli import main
-from macspec.cli.gguf_notes import conversion_line
+from macspec.cli.gguf_notes import conversion_line, gguf_loading
+from macspec.models import hub
 from macspec.models.gguf.header import read_header
-from macspec.models.gguf.report import Conversion
+from macspec.models.gguf.load import load_gguf_model
+from macspec.models.gguf.report import Conversion, watch_loads
 from macspec.models.gguf.tensors import read_tensors, resident_bytes
 
 
@@ -111,3 +116,42 @@ def test_the_resident_size_from_the_header_is_the_converted_tensors_bytes(tmp_pa
         path = tiny_gguf(tmp_path, Q[kind.upper()])
     header = read_header(path)
     assert resident_bytes(header) == sum(v.nbytes for v in read_tensors(header).values())
+
+
+def test_progress_is_heard_on_the_first_conversion_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    path = tiny_gguf(tmp_path)
+    folder = hub.local_model_path(str(path))
+    heard: list[tuple[str, int, int]] = []
+    with watch_loads(lambda *step: heard.append(step)) as loaded:
+        load_gguf_model(folder)
+    total = sum(t.nbytes for t in read_header(path).tensors.values())
+    assert len(heard) == len(read_header(path).tensors)
+    assert heard[-1] == (path.name, total, total)
+    assert [done for _, done, _ in heard] == sorted({done for _, done, _ in heard})
+    assert [c.converted for c in loaded] == [True]
+    heard.clear()
+    with watch_loads(lambda *step: heard.append(step)) as loaded:
+        load_gguf_model(folder)  # from converted.safetensors
+    assert heard == [] and [c.converted for c in loaded] == [False]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False], ids=["terminal", "pipe"])
+def test_the_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, terminal):
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    path = tiny_gguf(tmp_path)
+    folder = hub.local_model_path(str(path))
+    for load in ("first", "cached"):
+        err = Terminal() if terminal else io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        with gguf_loading():
+            load_gguf_model(folder)
+        drawn = f"converting {path.name}" in err.getvalue()
+        assert drawn == (terminal and load == "first"), load
+        said = f"macspec: {path.name}: " in err.getvalue()
+        assert said == (load == "first")

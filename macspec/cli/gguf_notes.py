@@ -1,5 +1,6 @@
-"""What loading a GGUF file did, on stderr: one line per file converted by this load (which
-tensors are exact, which kept as float16)."""
+"""What loading a GGUF file did, on stderr: a progress bar while a file is converted (a
+terminal only), then one line per file converted by this load (which tensors are exact, which
+kept as float16)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,42 @@ def conversion_line(conversion: Conversion) -> str:
 def gguf_loading() -> Iterator[list[Conversion]]:
     """Around a command's model loading: the GGUF files it loaded (for --json), and once the
     load is done, a line on stderr for each file this load converted (its first load)."""
-    with watch_loads() as loaded:
-        yield loaded
+    bar = ConversionBar() if sys.stderr.isatty() else None
+    try:
+        with watch_loads(bar.update if bar is not None else None) as loaded:
+            yield loaded
+    finally:
+        if bar is not None:
+            bar.stop()
     for conversion in loaded:
         if conversion.converted:
             print(f"macspec: {conversion_line(conversion)}", file=sys.stderr)
+
+
+class ConversionBar:
+    """rich's bar on stderr, started by the first conversion's first tensor: a cached or native
+    file, which reports no progress, draws nothing. Gone once the load ends."""
+
+    def __init__(self) -> None:
+        self.progress = None
+        self.task = None
+
+    def update(self, name: str, done: int, total: int) -> None:
+        if self.progress is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn("converting {task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(name, total=total)
+        self.progress.update(self.task, completed=done, total=total, description=name)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()

@@ -14,7 +14,7 @@ from macspec.errors import MacspecError
 from macspec.models.gguf.config import quantization, rope_factors, to_mlx
 from macspec.models.gguf.folder import check_types, gguf_entry
 from macspec.models.gguf.header import GGUFHeader, read_header
-from macspec.models.gguf.report import Conversion, reported
+from macspec.models.gguf.report import Conversion, progress_callback, reported
 from macspec.models.gguf.tensors import CONVERTERS, exactness, read_tensors, resident_bytes
 
 CONVERTED = "converted.safetensors"
@@ -81,7 +81,7 @@ def _converted_once(folder: Path, header: GGUFHeader) -> dict[str, mx.array]:
     cache = folder / CONVERTED
     if cache.is_file():
         return mx.load(str(cache))
-    weights = read_tensors(header)
+    weights = read_tensors(header, progress_callback())
     partial = folder / f"converted.{os.getpid()}.partial.safetensors"
     try:
         mx.save_safetensors(str(partial), weights)

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from macspec.errors import MacspecError
 from macspec.models.gguf import kquants
 from macspec.models.gguf.header import GGUFHeader, TensorEntry
+from macspec.models.gguf.report import Progress
 
 Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
 """A tensor's bytes (uint8) and row-major shape -> {"weight": ...} for a float tensor, or
@@ -160,17 +161,23 @@ CHUNK_BYTES = 8 << 20
 holds besides the weights stays small."""
 
 
-def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
+def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[str, mx.array]:
     """Every tensor, by GGUF name (`blk.0.attn_q.weight`, with `.scales`/`.biases` beside a
     quantized one), evaluated. Read tensor by tensor rather than by `mx.load`, which holds
-    the whole file twice while it reads and gives BF16 as float16."""
+    the whole file twice while it reads and gives BF16 as float16. `progress` hears the
+    tensor bytes read so far after each tensor."""
     out: dict[str, mx.array] = {}
     kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
+    total = sum(t.nbytes for t in header.tensors.values())
+    done = 0
     with open(header.path, "rb") as file:
         for tensor in header.tensors.values():
             stem = tensor.name.removesuffix(".weight")
             for part, value in _convert(file, tensor, kquant_file).items():
                 out[tensor.name if part == "weight" else f"{stem}.{part}"] = value
+            done += tensor.nbytes
+            if progress is not None:
+                progress(header.path.name, done, total)
     return out
 
 
