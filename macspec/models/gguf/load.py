@@ -53,6 +53,10 @@ def load_gguf_model(folder: Path) -> nn.Module:
     if factors is not None:
         _set_rope_factors(model, factors)
     mx.eval(model.parameters())
+    try:  # the folder's time is when it was last used (`macspec cache` shows it)
+        os.utime(folder)
+    except OSError:
+        pass
     exact, inexact = exactness(header)
     reported(Conversion(path, exact, inexact, converting, header.size, resident_bytes(header)))
     return model
