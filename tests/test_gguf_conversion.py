@@ -1,7 +1,8 @@
 """What loading a GGUF file that must be converted reports: one line on its first load naming
 the exact and the float16 tensors (and the same in --json), the converted size estimated from
-the header alone, a progress bar on a terminal while it converts. Tiny files written with
-gguf's writer (Q5_0: read through the converter)."""
+the header alone (a model that will not fit refused before any weight is read), a progress bar
+on a terminal while it converts. Tiny files written with gguf's writer (Q5_0: read through the
+converter)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from ggufkit import write_gguf
 
 from macspec.cli import main
 from macspec.cli.gguf_notes import conversion_line, gguf_loading
-from macspec.models import hub
+from macspec.models import hub, memory
+from macspec.models.gguf import load
 from macspec.models.gguf.header import read_header
 from macspec.models.gguf.load import load_gguf_model
 from macspec.models.gguf.report import Conversion, watch_loads
@@ -146,12 +148,42 @@ def test_the_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, terminal):
     monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
     path = tiny_gguf(tmp_path)
     folder = hub.local_model_path(str(path))
-    for load in ("first", "cached"):
+    for which in ("first", "cached"):
         err = Terminal() if terminal else io.StringIO()
         monkeypatch.setattr(sys, "stderr", err)
         with gguf_loading():
             load_gguf_model(folder)
         drawn = f"converting {path.name}" in err.getvalue()
-        assert drawn == (terminal and load == "first"), load
+        assert drawn == (terminal and which == "first"), which
         said = f"macspec: {path.name}: " in err.getvalue()
-        assert said == (load == "first")
+        assert said == (which == "first")
+
+
+@pytest.mark.parametrize("spare", [-1, 0], ids=["one-byte-short", "just-fits"])
+def test_a_model_that_will_not_fit_is_refused_before_any_weight_is_read(
+    tmp_path, capsys, monkeypatch, spare
+):
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    path = tiny_gguf(tmp_path)
+    need = resident_bytes(read_header(path))
+    monkeypatch.setattr(memory, "usable_memory_bytes", lambda: need + spare)
+    if spare < 0:  # not one tensor read, nothing cached
+
+        def unread(*args, **kwargs):
+            raise AssertionError("weights read")
+
+        monkeypatch.setattr(load, "read_tensors", unread)
+    args = ["run", "--model", str(path), "--raw", "--max-tokens", "1", "--no-draft", "Hi"]
+    code = main([*args, "--disk-cache-gb", "0"])
+    err = capsys.readouterr().err
+    if spare == 0:
+        assert code == 0, err
+        return
+    assert code == 2 and err.count("\n") == 1
+    assert err == (
+        f"macspec: error: {path}: its weights take {need / 1e9:.2f} GB in memory once "
+        f"converted (the file {path.stat().st_size / 1e9:.2f} GB), more than the "
+        f"{(need - 1) / 1e9:.2f} GB this machine gives a model; pick a smaller model or "
+        "quantization\n"
+    )
+    assert not list((tmp_path / "home" / "gguf").glob(f"*/{load.CONVERTED}"))

@@ -34,6 +34,7 @@ def load_gguf_model(folder: Path) -> nn.Module:
     if header.identity() != entry.get("identity"):  # changed since this folder was derived
         raise MacspecError(f"{path}: changed since it was read; name the file again to reload it")
     check_types(header)
+    check_memory(header)
     converting = _needs_conversion(header) and not (folder / CONVERTED).is_file()
     weights = _converted_once(folder, header)
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
@@ -60,6 +61,20 @@ def load_gguf_model(folder: Path) -> nn.Module:
     exact, inexact = exactness(header)
     reported(Conversion(path, exact, inexact, converting, header.size, resident_bytes(header)))
     return model
+
+
+def check_memory(header: GGUFHeader) -> None:
+    """One line, before any weight is read, when the converted weights alone take more than
+    this machine gives a model (what `macspec models` counts a pair's fit against)."""
+    from macspec.models import memory
+
+    need, limit = resident_bytes(header), memory.usable_memory_bytes()
+    if limit is not None and need > limit:
+        raise MacspecError(
+            f"{header.path}: its weights take {need / 1e9:.2f} GB in memory once converted "
+            f"(the file {header.size / 1e9:.2f} GB), more than the {limit / 1e9:.2f} GB this "
+            "machine gives a model; pick a smaller model or quantization"
+        )
 
 
 def _needs_conversion(header: GGUFHeader) -> bool:
