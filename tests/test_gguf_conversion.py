@@ -30,7 +30,7 @@ from macspec.models.gguf.tensors import read_tensors, resident_bytes
 
 def tiny_gguf(folder: Path, kind: Q = Q.Q5_0) -> Path:
     model = tiny.random_model(seed=1, scale=4.0)
-    config = {**tiny.llama_config(model), "max_position_embeddings": 256}
+    config = {**tiny.llama_config(model), "max_position_embeddings": 4096}
     return write_gguf(model, config, folder / f"tiny-{kind.name.lower()}.gguf", float_type=kind)
 
 
@@ -187,3 +187,17 @@ def test_a_model_that_will_not_fit_is_refused_before_any_weight_is_read(
         "quantization\n"
     )
     assert not list((tmp_path / "home" / "gguf").glob(f"*/{load.CONVERTED}"))
+
+
+def test_bench_json_names_the_converted_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    path = tiny_gguf(tmp_path)
+    args = ["bench", "--model", str(path), "--quick", "--max-tokens", "2", "--draft", "lookup"]
+    assert main([*args, "--json"]) == 0
+    out, err = capsys.readouterr()
+    [record] = json.loads(out)["models"]["gguf"]
+    assert record["file"] == str(path) and record["converted"] is True
+    assert (
+        f"macspec: {path.name}: {len(read_header(path).tensors)} tensors exact (F32, Q5_0)"
+        in err.splitlines()
+    )
