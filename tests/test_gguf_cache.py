@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as Q
-from test_gguf_conversion import tiny_gguf
+from ggufkit import tiny_gguf
 
 from macspec.cli import main
 from macspec.models import hub

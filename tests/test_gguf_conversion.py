@@ -13,10 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tiny
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
-from ggufkit import write_gguf
+from ggufkit import tiny_gguf
 
 from macspec.cli import main
 from macspec.cli.gguf_notes import conversion_line, gguf_loading
@@ -26,12 +25,6 @@ from macspec.models.gguf.header import read_header
 from macspec.models.gguf.load import load_gguf_model
 from macspec.models.gguf.report import Conversion, watch_loads
 from macspec.models.gguf.tensors import read_tensors, resident_bytes
-
-
-def tiny_gguf(folder: Path, kind: Q = Q.Q5_0) -> Path:
-    model = tiny.random_model(seed=1, scale=4.0)
-    config = {**tiny.llama_config(model), "max_position_embeddings": 4096}
-    return write_gguf(model, config, folder / f"tiny-{kind.name.lower()}.gguf", float_type=kind)
 
 
 def run_json(capsys, path: Path) -> tuple[dict, str]:
@@ -66,7 +59,9 @@ def test_first_load_says_which_tensors_are_exact_once(tmp_path, capsys, monkeypa
 
 
 def test_a_plain_model_folder_reports_no_gguf(tmp_path, capsys):
-    folder = tiny.save_model(tiny.random_model(seed=1), tmp_path / "plain")
+    from tiny import random_model, save_model
+
+    folder = save_model(random_model(seed=1), tmp_path / "plain")
     record, err = run_json(capsys, folder)
     assert record["gguf"] == []
 
