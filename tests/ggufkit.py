@@ -159,6 +159,18 @@ def write_gguf(
     return path
 
 
+def tiny_gguf(folder: Path, kind=None) -> Path:
+    """tests/tiny.py's random llama (4096-token context) as `tiny-<kind>.gguf`, its matrices
+    of type `kind` (gguf quantizes them; default Q5_0, read through macspec's converter)."""
+    import tiny
+    from gguf import GGMLQuantizationType
+
+    kind = kind or GGMLQuantizationType.Q5_0
+    model = tiny.random_model(seed=1, scale=4.0)
+    config = {**tiny.llama_config(model), "max_position_embeddings": 4096}
+    return write_gguf(model, config, folder / f"tiny-{kind.name.lower()}.gguf", float_type=kind)
+
+
 def llama3_rope_factors(config: dict) -> np.ndarray:
     """LlamaModel.generate_extra_tensors: Llama 3.1's scaling as one factor per frequency."""
     scaling, dim = config["rope_scaling"], config["hidden_size"] // config["num_attention_heads"]

@@ -15,6 +15,7 @@ from losslesskit import done_of, reference
 from mlx.utils import tree_flatten
 
 from macspec.cli import main
+from macspec.cli.gguf_notes import conversion_line
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
@@ -23,6 +24,7 @@ from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels
 from macspec.models.gguf.header import read_header
 from macspec.models.gguf.load import CONVERTED, load_gguf_model
+from macspec.models.gguf.report import Conversion
 from macspec.models.gguf.tensors import exactness
 
 MAX_TOKENS = 8
@@ -128,3 +130,12 @@ def test_run_cli_raw_answers_from_the_file(gemma, answers, capsys, monkeypatch):
 def test_exact_tensors_are_counted_apart(gemma):
     exact, inexact = exactness(read_header(gemma[0]))
     assert set(exact) == {"F32", "Q4_K", "Q5_0", "Q8_0"} and set(inexact) == {"Q6_K"}
+
+
+def test_the_load_line_names_q6_k_as_kept_in_float16(gemma):
+    path = gemma[0]
+    exact, inexact = exactness(read_header(path))
+    assert conversion_line(Conversion(path, exact, inexact, True, 0, 0)) == (
+        "gemma-3-270m-q4_k_m.gguf: 227 tensors exact (F32, Q4_K, Q5_0, Q8_0), "
+        "9 kept as float16 (Q6_K: no exact MLX form)"
+    )

@@ -18,6 +18,7 @@ from macspec.bench.report import plot, report, require_matplotlib, to_json
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.cli.bench_tables import render, summary_lines
+from macspec.cli.gguf_notes import gguf_loading
 from macspec.cli.store_params import say_draft_choice
 from macspec.models.catalog import context_length, resolve_models
 from macspec.models.flags import DRAFT_SOURCES
@@ -263,7 +264,8 @@ def bench(
         if plot_file is not None and (here is None or here.rank == 0):  # rank 0 draws it
             check_writable(plot_file, "--plot")
         err = Console(stderr=True)
-        loaded = load_drafters(resolved, folders, set(sources), group)
+        with gguf_loading() as gguf:
+            loaded = load_drafters(resolved, folders, set(sources), group)
         for warning in loaded.warnings:
             err.print(f"macspec: warning: {warning}", highlight=False)
         ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]
@@ -287,6 +289,7 @@ def bench(
             "target_path": str(resolved.target),
             "draft_path": str(resolved.draft),
             "pair": resolved.pair.name if resolved.pair is not None else None,
+            "gguf": [conversion.to_json() for conversion in gguf],
         }
         rep = report(result, chosen, models)
         # The figures first: a plot that cannot be written after all must not lose them.
@@ -322,7 +325,8 @@ def bench_concurrency(resolved, chosen, levels, max_tokens: int, draft, k, as_js
 
     err = Console(stderr=True)
     source = None if draft in (None, "all") else draft
-    loaded, kind, spec = load_for_drafting(resolved, k, False, source)
+    with gguf_loading():
+        loaded, kind, spec = load_for_drafting(resolved, k, False, source)
     for warning in loaded.warnings:
         err.print(f"macspec: warning: {warning}", highlight=False)
     ids = [encode_prompt(loaded.tokenizer, p.text) for p in chosen]

@@ -1,4 +1,5 @@
-"""`macspec cache`: what the prompt cache on disk holds, per model; `cache clear` frees it."""
+"""`macspec cache`: what the prompt cache on disk holds, per model, and the GGUF files converted
+for MLX; `cache clear` frees them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 
 cache_app = typer.Typer(
-    help="The prompt cache on disk: its size per model; `cache clear` frees it.",
+    help="The prompt cache on disk (its size per model) and converted GGUF files; `cache clear` "
+    "frees them.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -37,11 +39,15 @@ def cache(
     disk_cache_dir: opt.DiskCacheDir = None,
 ) -> None:
     """Show the prompt cache on disk (shared by run, chat and serve): its size per model, its
-    blocks (the attention rows of 256 ids each), recurrent states and drafter inputs."""
+    blocks (the attention rows of 256 ids each), recurrent states and drafter inputs; and the
+    GGUF files converted for MLX (in the macspec home), with the file each came from."""
     if ctx.invoked_subcommand is not None:
         return
+    from macspec.models.gguf.entries import derived_folders
+
     store = _store(disk_cache_dir)
     models = store.usage()
+    derived = derived_folders()
     if as_json:
         record = {
             "folder": str(store.root),
@@ -56,12 +62,22 @@ def cache(
                 }
                 for m in models
             ],
+            "gguf": _gguf_json(derived),
         }
         typer.echo(json.dumps(record, indent=2))
         return
     if not models:
         typer.echo(f"the prompt cache is empty ({store.root})")
-        return
+    else:
+        _show_prompt_cache(store, models)
+    _show_gguf(derived)
+
+
+def _when(stamp: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
+
+
+def _show_prompt_cache(store, models) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -75,13 +91,57 @@ def cache(
     for m in models:
         files = m.files or {}
         hidden = sum(n for kind, n in files.items() if kind.startswith("hidden"))
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(m.last_used)) if m.last_used else "-"
         table.add_row(
             m.name, _size(m.bytes), str(files.get("rows", 0)), str(files.get("state", 0)),
-            str(hidden), used,
+            str(hidden), _when(m.last_used),
         )  # fmt: skip
     Console().print(table)
     typer.echo(f"total {_size(sum(m.bytes for m in models))}")
+
+
+def _gguf_json(derived) -> dict:
+    from macspec.models.gguf.entries import gguf_root
+
+    return {
+        "folder": str(gguf_root()),
+        "total_bytes": sum(d.bytes for d in derived),
+        "files": [
+            {
+                "name": d.name,
+                "file": str(d.file) if d.file is not None else None,
+                "file_exists": d.file_exists,
+                "folder": str(d.folder),
+                "converted_bytes": d.converted_bytes,
+                "bytes": d.bytes,
+                "last_used": d.last_used,
+            }
+            for d in derived
+        ],
+    }
+
+
+def _show_gguf(derived) -> None:
+    """The converted GGUF files: a file that is gone is said so (`cache clear --gguf` frees
+    its folder)."""
+    if not derived:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from macspec.models.gguf.entries import gguf_root
+
+    table = Table(title=f"converted GGUF files: {gguf_root()}", title_justify="left")
+    table.add_column("file", no_wrap=True)
+    table.add_column("converted", justify="right", no_wrap=True)
+    table.add_column("folder", justify="right", no_wrap=True)
+    table.add_column("last used", no_wrap=True)
+    table.add_column("in")
+    for d in derived:
+        name = d.name if d.file_exists else f"{d.name} (file gone)"
+        where = str(d.file.parent) if d.file is not None else str(d.folder)
+        table.add_row(name, _size(d.converted_bytes), _size(d.bytes), _when(d.last_used), where)
+    Console().print(table)
+    typer.echo(f"total {_size(sum(d.bytes for d in derived))}")
 
 
 @cache_app.command("clear")
@@ -89,20 +149,36 @@ def clear(
     model: Annotated[
         str | None,
         typer.Option(
-            "--model", "-m", help="Only this model's blocks (its name as `macspec cache` shows)."
+            "--model",
+            "-m",
+            help="Only this model's blocks and converted GGUF file (as `macspec cache` names it).",
         ),
     ] = None,
+    gguf: Annotated[
+        bool, typer.Option("--gguf", help="Only converted GGUF files, not the prompt cache.")
+    ] = False,
     disk_cache_dir: opt.DiskCacheDir = None,
 ) -> None:
-    """Delete the prompt cache on disk: everything, or one model's blocks."""
+    """Delete the prompt cache on disk and the converted GGUF files: everything, one model's,
+    or (--gguf) only the converted files. A converted file is converted again on its next
+    load."""
+    from macspec.models.gguf import entries
+
     store = _store(disk_cache_dir)
-    models = store.usage()
-    if model is not None:
-        chosen = [m for m in models if model in (m.name, m.folder.name)]
-        if not chosen:
-            known = ", ".join(sorted({m.name for m in models})) or "none"
-            fail(f"no model named '{model}' in the prompt cache (cached: {known})")
+    if model is None:
+        if not gguf:
+            typer.echo(f"freed {_size(store.clear())} from {store.root}")
+        typer.echo(f"freed {_size(entries.remove_all())} from {entries.gguf_root()}")
+        return
+    models = [] if gguf else store.usage()
+    chosen = [m for m in models if model in (m.name, m.folder.name)]
+    derived = [d for d in entries.derived_folders() if d.matches(model)]
+    if not chosen and not derived:
+        known = sorted({m.name for m in models} | {d.name for d in entries.derived_folders()})
+        where = "among converted GGUF files" if gguf else "in the prompt cache or converted GGUF"
+        fail(f"no model named '{model}' {where} (cached: {', '.join(known) or 'none'})")
+    if chosen:
         freed = sum(store.clear(m.folder) for m in chosen)
-    else:
-        freed = store.clear()
-    typer.echo(f"freed {_size(freed)} from {store.root}")
+        typer.echo(f"freed {_size(freed)} from {store.root}")
+    if derived:
+        typer.echo(f"freed {_size(entries.remove(derived))} from {entries.gguf_root()}")

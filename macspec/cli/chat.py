@@ -108,10 +108,13 @@ def chat(
     # Said before mlx-lm loads (seconds): the user sees at once that something happens.
     print(f"macspec: loading {what}…", file=sys.stderr, flush=True)
     from macspec.chat.session import open_models
+    from macspec.cli.gguf_notes import gguf_loading
 
-    loaded = open_models(
-        resolved, num_draft_tokens, no_draft, draft, caches, draft_tree=draft_tree, disk_cache=disk
-    )
+    with gguf_loading():
+        loaded = open_models(
+            resolved, num_draft_tokens, no_draft, draft, caches, draft_tree=draft_tree,
+            disk_cache=disk,
+        )  # fmt: skip
 
     from macspec.models.templates import unused_template_options
     from tui.factory import default_pair_loader, make_app  # textual only when the UI runs

@@ -148,6 +148,7 @@ def answer(
     """Load, encode, generate and write one answer (stdout), stats on stderr; the exit code."""
     import mlx.core as mx
 
+    from macspec.cli.gguf_notes import gguf_loading
     from macspec.engine.core.events import Done, Token
     from macspec.engine.core.stats import summary_line
     from macspec.models.build import build_engine
@@ -156,7 +157,8 @@ def answer(
     from macspec.prefix.tier import attach_pair, generate
 
     *drafting, draft_tree = engine_args
-    engine, loaded = build_engine(resolved, *drafting, **where, draft_tree=draft_tree)
+    with gguf_loading() as gguf:
+        engine, loaded = build_engine(resolved, *drafting, **where, draft_tree=draft_tree)
     if disk is not None and not where:  # a sharded target's caches are not stored
         attach_pair(engine, resolved, disk)
         show_warnings()
@@ -197,6 +199,7 @@ def answer(
     try:
         if as_json:
             record = run_record(done, prompt_ids, resolved, engine)
+            record["gguf"] = [conversion.to_json() for conversion in gguf]
             if splitter is not None:  # the answer and the reasoning apart (--max-tokens: both)
                 record.update(text=splitter.answer, reasoning=splitter.reasoning.rstrip("\n"))
             if config.grammar is not None:

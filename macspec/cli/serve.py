@@ -162,6 +162,7 @@ def serve_models(
     Returns the error that stopped the server, if one did (a lost rank)."""
     import signal
 
+    from macspec.cli.gguf_notes import gguf_loading
     from macspec.prefix.tier import attach_pair
     from macspec.serve.backend import Backend
     from macspec.serve.ranks import Leader, follow
@@ -173,7 +174,8 @@ def serve_models(
     sock = bind(host, port) if serving else None
     print(f"macspec: loading {display_name(resolved.target_name)}…", file=sys.stderr, flush=True)
     try:
-        loaded = open_batched(resolved, draft_args, where, max_batch)
+        with gguf_loading():
+            loaded = open_batched(resolved, draft_args, where, max_batch)
         if not where and disk is not None:  # a sharded target's caches are not stored
             attach_pair(loaded.engine, resolved, disk)
     except BaseException:

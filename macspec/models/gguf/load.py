@@ -14,7 +14,8 @@ from macspec.errors import MacspecError
 from macspec.models.gguf.config import quantization, rope_factors, to_mlx
 from macspec.models.gguf.folder import check_types, gguf_entry
 from macspec.models.gguf.header import GGUFHeader, read_header
-from macspec.models.gguf.tensors import CONVERTERS, read_tensors
+from macspec.models.gguf.report import Conversion, progress_callback, reported
+from macspec.models.gguf.tensors import CONVERTERS, exactness, read_tensors, resident_bytes
 
 CONVERTED = "converted.safetensors"
 """The converted weights of a file mx.load cannot read, beside the derived config.json (the
@@ -33,6 +34,8 @@ def load_gguf_model(folder: Path) -> nn.Module:
     if header.identity() != entry.get("identity"):  # changed since this folder was derived
         raise MacspecError(f"{path}: changed since it was read; name the file again to reload it")
     check_types(header)
+    check_memory(header)
+    converting = _needs_conversion(header) and not (folder / CONVERTED).is_file()
     weights = _converted_once(folder, header)
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
     model, config = load_model(
@@ -51,7 +54,32 @@ def load_gguf_model(folder: Path) -> nn.Module:
     if factors is not None:
         _set_rope_factors(model, factors)
     mx.eval(model.parameters())
+    try:  # the folder's time is when it was last used (`macspec cache` shows it)
+        os.utime(folder)
+    except OSError:
+        pass
+    exact, inexact = exactness(header)
+    reported(Conversion(path, exact, inexact, converting, header.size, resident_bytes(header)))
     return model
+
+
+def check_memory(header: GGUFHeader) -> None:
+    """One line, before any weight is read, when the converted weights alone take more than
+    this machine gives a model (what `macspec models` counts a pair's fit against)."""
+    from macspec.models import memory
+
+    need, limit = resident_bytes(header), memory.usable_memory_bytes()
+    if limit is not None and need > limit:
+        raise MacspecError(
+            f"{header.path}: its weights take {need / 1e9:.2f} GB in memory once converted "
+            f"(the file {header.size / 1e9:.2f} GB), more than the {limit / 1e9:.2f} GB this "
+            "machine gives a model; pick a smaller model or quantization"
+        )
+
+
+def _needs_conversion(header: GGUFHeader) -> bool:
+    """A type `mx.load` does not read: the file is converted once and cached."""
+    return any(tensor.qtype not in CONVERTERS for tensor in header.tensors.values())
 
 
 def _set_rope_factors(model: nn.Module, factors: mx.array) -> None:
@@ -67,12 +95,12 @@ def _converted_once(folder: Path, header: GGUFHeader) -> dict[str, mx.array]:
     """The file's tensors: mx.load's types from the file itself; any other file converted once
     and cached in its derived folder, written whole (a temporary name, then a rename), so a
     second load reads it as fast as an mlx-lm folder."""
-    if all(tensor.qtype in CONVERTERS for tensor in header.tensors.values()):
+    if not _needs_conversion(header):
         return read_tensors(header)
     cache = folder / CONVERTED
     if cache.is_file():
         return mx.load(str(cache))
-    weights = read_tensors(header)
+    weights = read_tensors(header, progress_callback())
     partial = folder / f"converted.{os.getpid()}.partial.safetensors"
     try:
         mx.save_safetensors(str(partial), weights)

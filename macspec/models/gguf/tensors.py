@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as Q
 from macspec.errors import MacspecError
 from macspec.models.gguf import kquants
 from macspec.models.gguf.header import GGUFHeader, TensorEntry
+from macspec.models.gguf.report import Progress
 
 Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
 """A tensor's bytes (uint8) and row-major shape -> {"weight": ...} for a float tensor, or
@@ -111,6 +112,26 @@ def exactness(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
     return exact, inexact
 
 
+def resident_bytes(header: GGUFHeader) -> int:
+    """The converted weights' bytes in memory, from the header alone: a quantized tensor at
+    MLX's packed size plus a scale and a bias per group of 32 (float32 in a file read through
+    kquants, float16 as `mx.load` gives them), one kept as float16 at 2 bytes a value, floats
+    as stored."""
+    kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
+    scale_bytes = 4 if kquant_file else 2
+    total = 0
+    for tensor in header.tensors.values():
+        values = int(np.prod(tensor.shape, dtype=np.int64))
+        bits = kquants.affine_bits(tensor.qtype)
+        if tensor.qtype in FLOAT_TYPES:
+            total += tensor.nbytes
+        elif bits is None:
+            total += 2 * values
+        else:
+            total += values * bits // 8 + values // GROUP_SIZE * 2 * scale_bytes
+    return total
+
+
 def readable_types() -> list[Q]:
     """Every tensor type macspec reads."""
     return [qtype for qtype in Q if qtype in CONVERTERS or kquants.convertible(qtype)]
@@ -140,17 +161,23 @@ CHUNK_BYTES = 8 << 20
 holds besides the weights stays small."""
 
 
-def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
+def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[str, mx.array]:
     """Every tensor, by GGUF name (`blk.0.attn_q.weight`, with `.scales`/`.biases` beside a
     quantized one), evaluated. Read tensor by tensor rather than by `mx.load`, which holds
-    the whole file twice while it reads and gives BF16 as float16."""
+    the whole file twice while it reads and gives BF16 as float16. `progress` hears the
+    tensor bytes read so far after each tensor."""
     out: dict[str, mx.array] = {}
     kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
+    total = sum(t.nbytes for t in header.tensors.values())
+    done = 0
     with open(header.path, "rb") as file:
         for tensor in header.tensors.values():
             stem = tensor.name.removesuffix(".weight")
             for part, value in _convert(file, tensor, kquant_file).items():
                 out[tensor.name if part == "weight" else f"{stem}.{part}"] = value
+            done += tensor.nbytes
+            if progress is not None:
+                progress(header.path.name, done, total)
     return out
 
 

@@ -1,0 +1,70 @@
+"""What loading a GGUF file did, on stderr: a progress bar while a file is converted (a
+terminal only), then one line per file converted by this load (which tensors are exact, which
+kept as float16)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from macspec.models.gguf.report import Conversion, watch_loads
+
+
+def conversion_line(conversion: Conversion) -> str:
+    """'model.gguf: 227 tensors exact (F32, Q4_K, Q5_0, Q8_0), 9 kept as float16 (Q6_K: no
+    exact MLX form)'."""
+    parts = []
+    if conversion.exact:
+        count = sum(conversion.exact.values())
+        parts.append(f"{count} tensors exact ({', '.join(sorted(conversion.exact))})")
+    if conversion.inexact:
+        count = sum(conversion.inexact.values())
+        kinds = ", ".join(sorted(conversion.inexact))
+        parts.append(f"{count} kept as float16 ({kinds}: no exact MLX form)")
+    return f"{conversion.file.name}: {', '.join(parts)}"
+
+
+@contextmanager
+def gguf_loading() -> Iterator[list[Conversion]]:
+    """Around a command's model loading: the GGUF files it loaded (for --json), and once the
+    load is done, a line on stderr for each file this load converted (its first load)."""
+    bar = ConversionBar() if sys.stderr.isatty() else None
+    try:
+        with watch_loads(bar.update if bar is not None else None) as loaded:
+            yield loaded
+    finally:
+        if bar is not None:
+            bar.stop()
+    for conversion in loaded:
+        if conversion.converted:
+            print(f"macspec: {conversion_line(conversion)}", file=sys.stderr)
+
+
+class ConversionBar:
+    """rich's bar on stderr, started by the first conversion's first tensor: a cached or native
+    file, which reports no progress, draws nothing. Gone once the load ends."""
+
+    def __init__(self) -> None:
+        self.progress = None
+        self.task = None
+
+    def update(self, name: str, done: int, total: int) -> None:
+        if self.progress is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+            self.progress = Progress(
+                TextColumn("converting {task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.progress.start()
+            self.task = self.progress.add_task(name, total=total)
+        self.progress.update(self.task, completed=done, total=total, description=name)
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
