@@ -114,12 +114,14 @@ def test_text_encodes_as_the_published_tokenizer(family):
         assert tokenizer.encode(text, add_special_tokens=False) == expected, text
 
 
-def test_every_token_of_the_vocabulary_encodes_as_published(family):
-    """Each token's own text, whole: what merges alone would not rebuild (Llama 3's
-    ignore_merges) and what normalization changes (Qwen's NFC) show up here."""
+def test_every_non_ascii_token_of_the_vocabulary_encodes_as_published(family):
+    """Each token's own text, whole (the 55-60k not plain ASCII: the rest cost three times as
+    long): what merges alone would not rebuild (478 of Llama 3's, without ignore_merges) and
+    what normalization changes (248 of Qwen's, without NFC) show up here."""
     _, published, tokenizer, _, _ = family
     size = min(id_ for id_ in published.get_added_tokens_decoder())
-    texts = published.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    every = published.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    texts = [text for text in every if not text.isascii()]
     expected = [e.ids for e in published.encode_batch(texts, add_special_tokens=False)]
     backend = tokenizer._tokenizer.backend_tokenizer
     got = [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
