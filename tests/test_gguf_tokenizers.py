@@ -143,13 +143,27 @@ def test_special_tokens_in_text_are_single_ids(family):
         assert ids[1] == published.token_to_id(special) and len(ids) == 3
 
 
-def test_decode_round_trips(family):
-    _, published, tokenizer, _, _ = family
+def streamed(tokenizer, ids: list[int]) -> str:
+    """mlx-lm's streaming detokenizer fed one id at a time, as generation prints."""
+    detokenizer = tokenizer.detokenizer
+    detokenizer.reset()
+    for token in ids:
+        detokenizer.add_token(token)
+    detokenizer.finalize()
+    return detokenizer.text
+
+
+def test_decode_round_trips_whole_and_streamed(family):
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    _, published, tokenizer, folder, _ = family
+    folders = load_tokenizer(folder)  # the published files as an mlx-lm folder
     for text in TEXTS:
         ids = published.encode(text, add_special_tokens=False).ids
         assert tokenizer.decode(ids) == published.decode(ids, skip_special_tokens=False)
         if unicodedata.is_normalized("NFC", text):  # else Qwen's text comes back composed
             assert tokenizer.decode(ids) == text
+        assert streamed(tokenizer, ids) == streamed(folders, ids), text
 
 
 def test_bos_is_added_as_llama_cpp_adds_it(family):
