@@ -11,6 +11,7 @@ Gemma 3 (SentencePiece) is tests/test_gguf_gemma3.py's; SmolLM2 is tests/test_gg
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import shutil
@@ -24,6 +25,8 @@ from tokenizers import Tokenizer
 from toolkit import QWEN3, write_qwen3_tokenizer
 
 from macspec.models import hub
+from macspec.models.gguf.header import read_header
+from macspec.models.gguf.tokenizer import eos_ids
 from macspec.models.loader import load_model
 from macspec.models.templates import encode_messages
 
@@ -194,9 +197,25 @@ def test_chat_template_renders_as_published(family):
     assert encode_messages(tokenizer, MESSAGES) == reference.encode(text, add_special_tokens=False)
 
 
+STOPS = {"qwen3": ["<|im_end|>", "<|endoftext|>"], "llama3": ["<|end_of_text|>", "<|eot_id|>"]}
+"""Each family's end of turn and end of text: llama.cpp ends generation on both (by their text,
+whatever the file names EOS), as each model's generation_config.json does."""
+
+
 def test_stop_ids_are_the_end_of_turn_and_end_of_text(family):
     name, published, tokenizer, _, derived = family
-    stops = {"qwen3": ["<|im_end|>", "<|endoftext|>"], "llama3": ["<|end_of_text|>", "<|eot_id|>"]}
-    expected = {published.token_to_id(token) for token in stops[name]}
+    expected = {published.token_to_id(token) for token in STOPS[name]}
     assert set(derived["eos_token_id"]) == expected
     assert set(tokenizer.eos_token_ids) == expected
+
+
+def test_either_one_named_eos_stops_on_both(family):
+    """An instruct file names its end of turn EOS (Llama 3 Instruct: <|eot_id|>), a base file
+    its end of text."""
+    name, published, _, _, derived = family
+    header = read_header(Path(derived["gguf"]["file"]))
+    expected = sorted(published.token_to_id(token) for token in STOPS[name])
+    for token in STOPS[name]:
+        eos = {"tokenizer.ggml.eos_token_id": published.token_to_id(token)}
+        renamed = dataclasses.replace(header, metadata={**header.metadata, **eos})
+        assert eos_ids(renamed) == expected, token

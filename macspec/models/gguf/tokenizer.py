@@ -24,8 +24,10 @@ from macspec.models.gguf.header import GGUFHeader
 
 END_OF_TURN_TEXTS = frozenset(
     {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>", "<EOT>", "<|endoftext|>"}
+    | {"<|end_of_text|>"}
 )
-"""Control tokens llama.cpp also ends generation on, by their text (a chat model's end of turn)."""
+"""Control tokens llama.cpp also ends generation on, by their text (a chat model's end of turn,
+or of text: Llama 3 Instruct's files name <|eot_id|> EOS, and its text ends in <|end_of_text|>)."""
 CONTROL = 3
 """llama.cpp's token type of a control token."""
 LLAMA3_PRE = frozenset(
