@@ -211,8 +211,13 @@ def write_tiny_tokenizer(writer, add_bos: bool = False) -> None:
 
 # -- a published Hugging Face tokenizer as convert_hf_to_gguf.py writes it ----------------------
 def _looks_special(token: str) -> bool:
-    """TextModel.does_token_look_special, for the byte-level vocabularies tested here."""
-    return token.startswith("<|") and token.endswith("|>")
+    """TextModel.does_token_look_special: added tokens some models leave unmarked."""
+    return (
+        token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (token.startswith("<|") and token.endswith("|>"))
+        or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))  # DeepSeek's fullwidth bars
+        or (token.startswith("<unused") and token.endswith(">"))
+    )
 
 
 def hf_vocab(folder: Path, vocab_size: int) -> tuple[list[str], list[int]]:
