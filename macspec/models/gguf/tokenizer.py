@@ -69,10 +69,10 @@ def _as_published(backend: Any, given: dict[str, Any]) -> Any:
     if pre in NFC_PRE:
         backend.normalizer = normalizers.NFC()
     size = len(given["tokens"])
-    spec = json.loads(backend.to_str())
-    kept = [token for token in spec["added_tokens"] if token["id"] < size]
-    if len(kept) == len(spec["added_tokens"]):
+    if max(backend.get_added_tokens_decoder(), default=-1) < size:
         return backend
+    spec = json.loads(backend.to_str())  # tokenizers cannot remove an added token in place
+    kept = [token for token in spec["added_tokens"] if token["id"] < size]
     return Tokenizer.from_str(json.dumps({**spec, "added_tokens": kept}))
 
 
