@@ -104,7 +104,8 @@ def write_gguf(
     tokenizer=True,
     add_bos=False,
 ) -> Path:
-    """A tiny mlx-lm model (float32) as a GGUF, with the tiny byte-level tokenizer."""
+    """A tiny mlx-lm model (float32) as a GGUF, with the tiny byte-level tokenizer (or with
+    what `tokenizer(writer)` writes, when it is a function)."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from mlx.utils import tree_flatten
 
@@ -133,7 +134,9 @@ def write_gguf(
         writer.add_sliding_window(config["sliding_window"])
     for key, value in (meta or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
-    if tokenizer:
+    if callable(tokenizer):
+        tokenizer(writer)
+    elif tokenizer:
         write_tiny_tokenizer(writer, add_bos)
     for name, value in tree_flatten(model.parameters()):
         array = np.array(value.astype(mx.float32))
@@ -216,3 +219,66 @@ def write_tiny_tokenizer(writer, add_bos: bool = False) -> None:
     writer.add_eos_token_id(257)
     writer.add_add_bos_token(add_bos)
     writer.add_chat_template(CHAT_TEMPLATE)
+
+
+# -- a published Hugging Face tokenizer as convert_hf_to_gguf.py writes it ----------------------
+def _looks_special(token: str) -> bool:
+    """TextModel.does_token_look_special: added tokens some models leave unmarked."""
+    return (
+        token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (token.startswith("<|") and token.endswith("|>"))
+        or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))  # DeepSeek's fullwidth bars
+        or (token.startswith("<unused") and token.endswith(">"))
+    )
+
+
+def hf_vocab(folder: Path, vocab_size: int) -> tuple[list[str], list[int]]:
+    """TextModel.get_vocab_base on `folder`'s tokenizer.json: ids past the tokenizer up to the
+    config's vocab_size as `[PAD{i}]` (unused); an added token as control when it is special or
+    looks it (`<|...|>`), else user-defined; a token not normalized as it decodes back."""
+    from gguf import TokenType
+    from tokenizers import Tokenizer
+
+    published = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    by_id = {i: text for text, i in published.get_vocab(with_added_tokens=True).items()}
+    added = {
+        entry["id"]: entry
+        for entry in json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    }
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in by_id:
+            tokens.append(f"[PAD{i}]")
+            types.append(TokenType.UNUSED)
+            continue
+        token = by_id[i]
+        if i in added:
+            if not added[i]["normalized"]:
+                ids = published.encode(token, add_special_tokens=False).ids
+                token = published.decode(ids, skip_special_tokens=False)
+            if added[i]["special"] or _looks_special(token):
+                types.append(TokenType.CONTROL)
+            else:
+                token = token.replace("\u2581", " ")
+                types.append(TokenType.USER_DEFINED)
+        else:
+            types.append(TokenType.NORMAL)
+        tokens.append(token)
+    return tokens, types
+
+
+def hf_tokenizer_writer(folder: Path, vocab_size: int, pre: str):
+    """TextModel._set_vocab_gpt2 for `write_gguf(tokenizer=...)`: model gpt2, the pre-tokenizer
+    name llama.cpp's hash table gives, tokens and types, then gguf's own SpecialVocab (merges,
+    BOS/EOS/padding ids from tokenizer_config.json and config.json, add_bos_token, template)."""
+    import gguf
+
+    def write(writer) -> None:
+        tokens, types = hf_vocab(folder, vocab_size)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        gguf.SpecialVocab(folder, load_merges=True).add_to_gguf(writer, quiet=True)
+
+    return write

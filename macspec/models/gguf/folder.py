@@ -26,8 +26,9 @@ from macspec.models.home import macspec_home
 
 GGUF_KEY = "gguf"
 """config.json's entry naming the file: {"file": absolute path, "identity": its hash}."""
-FORMAT = 1
-"""The derived folder's layout; a change here derives every folder again."""
+FORMAT = 2
+"""The derived folder's layout and tokenizer; a change here derives every folder again (2: the
+byte-level tokenizer fixes of issue 51)."""
 
 
 def is_gguf_file(path: Path) -> bool:

@@ -4,12 +4,15 @@ TokenizerWrapper like any folder's: templates, stop ids and streaming detokenize
 
 The vocabulary is rebuilt by transformers' torch-free converter (`convert_gguf_tokenizer`:
 byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names, SentencePiece with scores and
-byte fallback, control tokens from `token_type`); only BOS insertion is set here, from
-`tokenizer.ggml.add_bos_token`, as llama.cpp does.
+byte fallback, control tokens from `token_type`). What llama.cpp does beyond it is set here:
+BOS insertion from `tokenizer.ggml.add_bos_token` (or llama.cpp's default for the vocabulary),
+whole-word lookups before merges for Llama 3's pre-tokenizer, Qwen's NFC normalization, and no
+token past the file's vocabulary.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,10 +24,20 @@ from macspec.models.gguf.header import GGUFHeader
 
 END_OF_TURN_TEXTS = frozenset(
     {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>", "<EOT>", "<|endoftext|>"}
+    | {"<|end_of_text|>"}
 )
-"""Control tokens llama.cpp also ends generation on, by their text (a chat model's end of turn)."""
+"""Control tokens llama.cpp also ends generation on, by their text (a chat model's end of turn,
+or of text: Llama 3 Instruct's files name <|eot_id|> EOS, and its text ends in <|end_of_text|>)."""
 CONTROL = 3
 """llama.cpp's token type of a control token."""
+LLAMA3_PRE = frozenset(
+    {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"}
+    | {"jina-v5-nano"}
+)
+"""Pre-tokenizers llama.cpp reads as Llama 3's (llama-vocab.cpp): a word that is a token is
+taken whole before any merge (tokenizers' `ignore_merges`), and BOS is added by default."""
+NFC_PRE = frozenset({"qwen2"})
+"""Pre-tokenizers whose published tokenizer.json normalizes text to NFC first (Qwen2 to Qwen3)."""
 
 
 def _plain(value: Any) -> Any:
@@ -42,6 +55,25 @@ def eos_ids(header: GGUFHeader) -> list[int]:
         if token in END_OF_TURN_TEXTS and index < len(types) and types[index] == CONTROL:
             ids.append(index)
     return sorted({int(i) for i in ids if i is not None})
+
+
+def _as_published(backend: Any, given: dict[str, Any]) -> Any:
+    """The converted byte-level tokenizer made to encode as the model's own does: Llama 3's
+    whole-word lookups, Qwen's NFC, and without the tokens the converter's GPT-2 class adds
+    on its own (`<|endoftext|>` past a Llama 3 vocabulary: an id the model has no row for)."""
+    from tokenizers import Tokenizer, normalizers
+
+    pre = given.get("pre_tokenizer_type")
+    if pre in LLAMA3_PRE:
+        backend.model.ignore_merges = True
+    if pre in NFC_PRE:
+        backend.normalizer = normalizers.NFC()
+    size = len(given["tokens"])
+    if max(backend.get_added_tokens_decoder(), default=-1) < size:
+        return backend
+    spec = json.loads(backend.to_str())  # tokenizers cannot remove an added token in place
+    kept = [token for token in spec["added_tokens"] if token["id"] < size]
+    return Tokenizer.from_str(json.dumps({**spec, "added_tokens": kept}))
 
 
 def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
@@ -74,6 +106,9 @@ def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
     except (ValueError, KeyError, TypeError) as exc:
         reason = " ".join(str(exc).split())
         raise MacspecError(f"{header.path}: cannot rebuild its tokenizer: {reason}") from None
+    byte_level = given.get("tokenizer_type") == "gpt2"
+    if byte_level:
+        backend = _as_published(backend, given)
     tokens = given["tokens"]
 
     def token(key: str) -> str | None:
@@ -81,8 +116,11 @@ def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
         return tokens[index] if index is not None and 0 <= index < len(tokens) else None
 
     bos = token("bos")
-    # llama.cpp adds BOS by default for a SentencePiece vocabulary that does not say otherwise.
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", given.get("tokenizer_type") == "llama"))
+    # llama.cpp's default where the file does not say: BOS for SentencePiece and Llama 3's BPE.
+    by_default = given.get("tokenizer_type") == "llama" or (
+        byte_level and given.get("pre_tokenizer_type") in LLAMA3_PRE
+    )
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", by_default))
     if add_bos and bos is not None:
         bos_id = tokens.index(bos)
         backend.post_processor = processors.TemplateProcessing(
