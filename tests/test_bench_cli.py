@@ -168,7 +168,8 @@ def test_quick_prints_a_short_summary_within_80_columns(folders, capsys):
     assert main(bench_args(folders)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("macspec bench --quick:")
-    assert 5 <= len(lines) <= 12 and all(len(line) <= 80 for line in lines)
+    # A verdict that must explain a passed-over median (timing noise decides) takes more lines.
+    assert 5 <= len(lines) <= 18 and all(len(line) <= 80 for line in lines)
     text = "\n".join(lines)
     assert "T=0: " in text and "T=0.7: " in text and "speedup over plain: " in text
     # Each speedup with its spread over the prompts: a busy machine swings a short run.

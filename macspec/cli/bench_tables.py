@@ -320,7 +320,9 @@ def summary_lines(rep: Report) -> list[str]:
         "(greedy: plain decoding; T>0: plain decoding with the same seed)"
     )
     lines.append("every table: --verbose; every figure: --json")
-    return [part for line in lines for part in textwrap.wrap(line, 80, subsequent_indent="  ")]
+    # Not at hyphens: a quartile range such as (0.88-0.95) stays on one line.
+    wrap = textwrap.TextWrapper(80, subsequent_indent="  ", break_on_hyphens=False)
+    return [part for line in lines for part in wrap.wrap(line)]
 
 
 def _with_quartiles(speedup: Spread) -> str:
