@@ -86,7 +86,8 @@ def test_completions_and_models(server, expected):
     assert [m.id for m in api.models.list()] == ["tiny"]
     assert api.models.retrieve("tiny").id == "tiny"
     prompt_ids = encode_prompt(expected.tokenizer, "def f(x):", raw=True)
-    want = list(expected.engine.generate(prompt_ids, GenerationConfig(10)))[-1].text
+    config = GenerationConfig(10, continuation=True)  # a completion continues its prompt
+    want = list(expected.engine.generate(prompt_ids, config))[-1].text
     got = api.completions.create(model="tiny", prompt="def f(x):", max_tokens=10)
     assert got.choices[0].text == want and got.usage.prompt_tokens == len(prompt_ids)
     streamed = api.completions.create(model="tiny", prompt="def f(x):", max_tokens=10, stream=True)

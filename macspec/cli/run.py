@@ -153,7 +153,11 @@ def answer(
     from macspec.engine.core.stats import summary_line
     from macspec.models.build import build_engine
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
-    from macspec.models.templates import encode_prompt, unused_template_options
+    from macspec.models.templates import (
+        encode_prompt,
+        has_chat_template,
+        unused_template_options,
+    )
     from macspec.prefix.tier import attach_pair, generate
 
     *drafting, draft_tree = engine_args
@@ -168,7 +172,9 @@ def answer(
     prompt_ids = encode_prompt(loaded.tokenizer, text, raw=raw, system=system, args=args)
     context = context_length(resolved)
     opt.check_fits(len(prompt_ids), context, resolved.target_name)
-    config = replace(config, context_length=context)  # the answer stops there ('context')
+    # The answer stops at the context ('context'); a raw prompt's answer continues its text.
+    continuation = raw or not has_chat_template(loaded.tokenizer)
+    config = replace(config, context_length=context, continuation=continuation)
     inside = reasoning_start(loaded.tokenizer, prompt_ids)
     splitter = ReasoningSplitter(inside) if inside is not None else None
     out = ReasoningWriter(sys.stdout, dim=sys.stdout.isatty())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from macspec.engine.core.grammar import Constraint, Grammar
@@ -273,7 +273,8 @@ class Backend:
             ids = encode_prompt(self.tokenizer, text, raw=True)
         if turn.grammar is not None:
             self._compile(turn.grammar, turn.grammar_param)
-        return Prepared(ids, self._config(turn, len(ids), turn.stop, turn.grammar), None)
+        config = self._config(turn, len(ids), turn.stop, turn.grammar)
+        return Prepared(ids, replace(config, continuation=True), None)
 
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         prompt = request.single_prompt()
@@ -299,7 +300,8 @@ class Backend:
             seed=request.seed,
             field_prefix="prompt",
         )
-        return Prepared(ids, self._config(settings, len(ids), settings.stop), None)
+        config = self._config(settings, len(ids), settings.stop)
+        return Prepared(ids, replace(config, continuation=True), None)
 
     def _config(
         self,

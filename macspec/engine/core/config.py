@@ -33,6 +33,9 @@ class GenerationConfig:
     grammar: Grammar | None = None
     """What the answer must match (a JSON schema, a regex, a Lark grammar): the target's
     distribution is masked to it at every position, guesses included. None: free text."""
+    continuation: bool = False
+    """The answer continues the prompt's own text (a raw completion, no chat template): its
+    text keeps a leading space, so prompt + text reads as the model wrote it."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -18,6 +18,7 @@ from macspec.engine.core.stats import Stats
 from macspec.engine.core.stops import StopScanner
 from macspec.engine.core.wired import wired_limit
 from macspec.engine.drafters.protocol import Drafter
+from macspec.engine.generate.detokenize import answer_detokenizer
 from macspec.engine.policy.length import DraftPolicy
 from macspec.errors import MacspecError
 
@@ -61,8 +62,7 @@ class AnswerState:
             self.rng = Randomness(choose_sampler(config.sampler, config.seed), config.seed)
             self.stats.sampler = self.rng.sampler
         self.eos_ids = engine.eos_ids
-        self.detokenizer = engine.tokenizer.detokenizer
-        self.detokenizer.reset()
+        self.detokenizer = answer_detokenizer(engine.tokenizer, self.config.continuation)
         self.scanner = StopScanner(self.config.stop_strings)
         self.cancelled = cancelled
         self.tokens: list[int] = []
