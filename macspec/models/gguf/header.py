@@ -43,8 +43,10 @@ class TensorEntry:
     """Row-major (numpy's order): the last axis is the one a quantization block runs along."""
     qtype: GGMLQuantizationType
     start: int
-    """Byte offset in the file."""
+    """Byte offset in its file."""
     nbytes: int
+    file: Path
+    """The file that holds it: one of a split model's parts (`split`)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,9 @@ class GGUFHeader:
     tensors: dict[str, TensorEntry]
     data_start: int
     size: int
-    """The file's size in bytes."""
+    """The file's size in bytes (a split model's: every part's)."""
+    parts: tuple[GGUFHeader, ...] = ()
+    """A split model's files, each its own header, in order (`split`); () for one file."""
 
     @property
     def architecture(self) -> str:
@@ -65,7 +69,10 @@ class GGUFHeader:
     def identity(self) -> str:
         """A hash that changes with any re-download, re-quantization or fine-tune, cheap for
         many-GB files: the whole header (every key, every tensor's type, shape and offset), the
-        size, and the first and last MiB of the tensor data."""
+        size, and the first and last MiB of the tensor data; a split model's, every part's."""
+        if self.parts:
+            parts = "\0".join(part.identity() for part in self.parts)
+            return hashlib.sha256(f"macspec gguf split\0{parts}".encode()).hexdigest()
         digest = hashlib.sha256(b"macspec gguf\0")
         with open(self.path, "rb") as file:
             digest.update(file.read(self.data_start + MIB))
@@ -166,7 +173,8 @@ def _parse(path: Path, data: mmap.mmap, version: int, size: int, strings: bool) 
             raise MacspecError(f"{path}: tensor {name} has unknown type id {type_id}") from None
         block, type_size = GGML_QUANT_SIZES[qtype]
         count = int(np.prod(shape, dtype=np.int64))
-        entry = TensorEntry(name, shape, qtype, data_start + offset, count // block * type_size)
+        nbytes = count // block * type_size
+        entry = TensorEntry(name, shape, qtype, data_start + offset, nbytes, path)
         if entry.start + entry.nbytes > size:
             raise MacspecError(
                 f"{path}: truncated ({size} bytes; tensor {name} ends at byte "
