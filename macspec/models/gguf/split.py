@@ -103,5 +103,6 @@ def read_model_header(path: Path, strings: bool = True) -> GGUFHeader:
         )
     size = sum(part.size for part in parts)
     return GGUFHeader(
-        first.path, first.version, first.metadata, tensors, first.data_start, size, tuple(parts)
-    )
+        first.path, first.version, first.metadata, tensors, first.data_start, size, tuple(parts),
+        first.array_lengths, first.tokenizer_digest,
+    )  # fmt: skip

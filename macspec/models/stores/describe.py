@@ -58,6 +58,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     header = read_header(path)
     # a split model's first part describes it; its size is every part's
     size = sum(part.stat().st_size for part in check_parts(path, header.metadata))
+    architecture = header.metadata.get("general.architecture")
     context = _int(header.arch_value("context_length"))
     heads = _int(header.arch_value("attention.head_count"))
     config = {
@@ -73,7 +74,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         "gguf",
         size,
         file_type_name(header.metadata.get("general.file_type")) or file_type,
-        header.architecture,
+        architecture if isinstance(architecture, str) else None,
         context,
         memory,
         header.tokenizer_digest,
