@@ -32,7 +32,7 @@ def first_parts(files: list[Path]) -> list[Path]:
     """`files` with each split model once: its lowest-numbered part there (the first, unless
     it is missing), in the order given."""
     seen: set[tuple[Path, str, str]] = set()
-    kept = []
+    kept: set[Path] = set()
     for file in sorted(files, key=lambda f: f.name):
         match = PART_NAME.match(file.name)
         if match is not None:
@@ -40,7 +40,7 @@ def first_parts(files: list[Path]) -> list[Path]:
             if key in seen:
                 continue
             seen.add(key)
-        kept.append(file)
+        kept.add(file)
     return [f for f in files if f in kept]
 
 
@@ -56,7 +56,8 @@ def check_parts(path: Path, metadata: dict) -> list[Path]:
     if count <= 1:
         return [path]
     paths = part_paths(path)
-    number = int(metadata.get(SPLIT_NO, 0)) + 1
+    no = metadata.get(SPLIT_NO)
+    number = no + 1 if isinstance(no, int) else 1
     if paths is None or len(paths) != count:
         raise MacspecError(
             f"{path}: part {number} of {count} of a split model, but not named as its parts are "
