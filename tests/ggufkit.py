@@ -103,15 +103,18 @@ def write_gguf(
     meta: dict | None = None,
     tokenizer=True,
     add_bos=False,
+    split_max_tensors=0,
 ) -> Path:
     """A tiny mlx-lm model (float32) as a GGUF, with the tiny byte-level tokenizer (or with
-    what `tokenizer(writer)` writes, when it is a function)."""
+    what `tokenizer(writer)` writes, when it is a function). `split_max_tensors` splits it into
+    parts of that many tensors, named as gguf-split names them (`path`'s stem-00001-of-0000N):
+    the first part's path is returned."""
     from gguf import GGMLQuantizationType, GGUFWriter
     from mlx.utils import tree_flatten
 
     arch = GGUF_ARCH[config["model_type"]]
     float_type = float_type or GGMLQuantizationType.F32
-    writer = GGUFWriter(str(path), arch)
+    writer = GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads", heads)
     writer.add_context_length(config.get("max_position_embeddings", 4096))
@@ -158,8 +161,9 @@ def write_gguf(
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
+    parts = writer.format_shard_names(path)
     writer.close()
-    return path
+    return parts[0]
 
 
 def tiny_gguf(folder: Path, kind=None) -> Path:

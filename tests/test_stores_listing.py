@@ -124,3 +124,18 @@ def test_the_header_reader_agrees_with_gguf(tmp_path):
     other = read_header(tiny_gguf(tmp_path / "b.gguf", context=99, tokens=["x", "y", "xy"]))
     differs = read_header(tiny_gguf(tmp_path / "c.gguf", tokens=["x", "y", "yx"]))
     assert other.tokenizer_digest == header.tokenizer_digest != differs.tokenizer_digest
+
+
+def test_the_listing_reads_what_a_full_read_gives():
+    """One GGUF reader: a listing's read of the real SmolLM2 has a full read's scalars, array
+    lengths and tokenizer fingerprint, without its arrays or tensor table."""
+    from macspec.models.gguf.header import read_header as read_gguf_header
+
+    listed, full = read_header(SMOLLM2), read_gguf_header(SMOLLM2)
+    arrays = {
+        key for key, value in full.metadata.items() if not isinstance(value, (int, float, str))
+    }
+    assert listed.metadata == {k: v for k, v in full.metadata.items() if k not in arrays}
+    assert listed.array_lengths == {key: len(full.metadata[key]) for key in arrays}
+    assert listed.tokenizer_digest == full.tokenizer_digest is not None
+    assert listed.tensors == {} and len(full.tensors) > 0

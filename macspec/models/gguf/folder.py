@@ -19,7 +19,8 @@ from typing import Any
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.config import build_config, check_architecture
-from macspec.models.gguf.header import MAGIC, GGUFHeader, read_header
+from macspec.models.gguf.header import MAGIC, GGUFHeader
+from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import readable_types, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
 from macspec.models.home import macspec_home
@@ -62,14 +63,14 @@ def gguf_folder(path: Path) -> Path:
         raise MacspecError(f"{path}: a folder, not a .gguf file")
     if not path.is_file():
         raise MacspecError(f"{path}: no such file")
-    path = path.resolve()
-    header = read_header(path, strings=False)  # the vocabulary only when deriving
+    header = read_model_header(path.resolve(), strings=False)  # the vocabulary when deriving
+    path = header.path  # a split model's first part, whichever part was named
     identity = header.identity()
     key = hashlib.sha256(f"{FORMAT}\0{path}\0{identity}".encode()).hexdigest()[:32]
     folder = macspec_home() / "gguf" / f"{path.stem[:48]}-{key}"
     if (folder / "config.json").is_file():
         return folder
-    header = read_header(path)
+    header = read_model_header(path)
     check_architecture(header)
     check_types(header)
     config = build_config(header)

@@ -13,8 +13,9 @@ import mlx.nn as nn
 from macspec.errors import MacspecError
 from macspec.models.gguf.config import quantization, rope_factors, to_mlx
 from macspec.models.gguf.folder import check_types, gguf_entry
-from macspec.models.gguf.header import GGUFHeader, read_header
+from macspec.models.gguf.header import GGUFHeader
 from macspec.models.gguf.report import Conversion, progress_callback, reported
+from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import CONVERTERS, exactness, read_tensors, resident_bytes
 
 CONVERTED = "converted.safetensors"
@@ -30,7 +31,7 @@ def load_gguf_model(folder: Path) -> nn.Module:
     if entry is None:
         raise MacspecError(f"{folder}: not a GGUF model folder")
     path = Path(entry["file"])
-    header = read_header(path, strings=False)
+    header = read_model_header(path, strings=False)
     if header.identity() != entry.get("identity"):  # changed since this folder was derived
         raise MacspecError(f"{path}: changed since it was read; name the file again to reload it")
     check_types(header)

@@ -13,6 +13,9 @@ every activation after them, float16).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+from typing import BinaryIO
 
 import mlx.core as mx
 import numpy as np
@@ -170,10 +173,13 @@ def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[s
     kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
     total = sum(t.nbytes for t in header.tensors.values())
     done = 0
-    with open(header.path, "rb") as file:
+    with ExitStack() as stack:
+        files: dict[Path, BinaryIO] = {}  # a split model's parts, each opened once
         for tensor in header.tensors.values():
+            if tensor.file not in files:
+                files[tensor.file] = stack.enter_context(open(tensor.file, "rb"))
             stem = tensor.name.removesuffix(".weight")
-            for part, value in _convert(file, tensor, kquant_file).items():
+            for part, value in _convert(files[tensor.file], tensor, kquant_file).items():
                 out[tensor.name if part == "weight" else f"{stem}.{part}"] = value
             done += tensor.nbytes
             if progress is not None:
@@ -181,7 +187,7 @@ def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[s
     return out
 
 
-def _convert(file, tensor: TensorEntry, kquant_file: bool) -> dict[str, mx.array]:
+def _convert(file: BinaryIO, tensor: TensorEntry, kquant_file: bool) -> dict[str, mx.array]:
     """One tensor through its converter, a slab of whole rows at a time."""
     rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
     row_bytes = tensor.nbytes // rows

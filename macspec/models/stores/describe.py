@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from macspec.models.gguf.split import check_parts
 from macspec.models.memory import MemoryEstimate, estimate, weight_bytes
 from macspec.models.stores.header import read_header
 
@@ -55,7 +56,9 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     """A GGUF file from its header; `file_type` (Ollama's config says it) when the header's
     own `general.file_type` is missing."""
     header = read_header(path)
-    size = path.stat().st_size
+    # a split model's first part describes it; its size is every part's
+    size = sum(part.stat().st_size for part in check_parts(path, header.metadata))
+    architecture = header.metadata.get("general.architecture")
     context = _int(header.arch_value("context_length"))
     heads = _int(header.arch_value("attention.head_count"))
     config = {
@@ -71,7 +74,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         "gguf",
         size,
         file_type_name(header.metadata.get("general.file_type")) or file_type,
-        header.architecture,
+        architecture if isinstance(architecture, str) else None,
         context,
         memory,
         header.tokenizer_digest,

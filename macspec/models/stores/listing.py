@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from macspec.errors import MacspecError
+from macspec.models.gguf.split import first_parts
 from macspec.models.stores import lmstudio, ollama
 from macspec.models.stores.describe import Description, describe_gguf, describe_mlx
 
@@ -102,9 +103,9 @@ def hf_models() -> Iterator[LocalModel]:
                 yield _entry(repo, "hf", snapshot, lambda s=snapshot: describe_mlx(s))
             else:
                 yield LocalModel(repo, "hf", snapshot, None, "incomplete download")
-        for file in sorted(snapshot.rglob("*.gguf")):
-            if not lmstudio.is_projector(file):
-                yield _entry(str(file), "hf", file, lambda f=file: describe_gguf(f))
+        gguf_files = [f for f in sorted(snapshot.rglob("*.gguf")) if not lmstudio.is_projector(f)]
+        for file in first_parts(gguf_files):
+            yield _entry(str(file), "hf", file, lambda f=file: describe_gguf(f))
 
 
 def _snapshot(repo_folder: Path) -> Path | None:

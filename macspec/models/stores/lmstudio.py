@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from macspec.errors import MacspecError
+from macspec.models.gguf.split import first_parts
 from macspec.models.stores.entry import StoreModel, require_gguf
 
 PREFIX = "lmstudio:"
@@ -29,8 +30,11 @@ def is_projector(file: Path) -> bool:
 
 
 def model_files(folder: Path) -> list[Path]:
-    """The GGUF model files of a repo folder (projectors left out), by name."""
-    return sorted(f for f in folder.glob("*.gguf") if f.is_file() and not is_projector(f))
+    """The GGUF model files of a repo folder (projectors left out), by name, a split model
+    once (its first part)."""
+    return first_parts(
+        sorted(f for f in folder.glob("*.gguf") if f.is_file() and not is_projector(f))
+    )
 
 
 def repos(root: Path) -> list[Path]:
