@@ -15,7 +15,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from macspec.cli import main
-from macspec.cli.run import ReasoningWriter
+from macspec.cli.answer_output import ReasoningWriter
 from macspec.engine.core.events import Done, Token
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.models.reasoning import ReasoningSplitter, reasoning_start, split_text
