@@ -298,9 +298,10 @@ def summary_lines(rep: Report) -> list[str]:
     of at most 80 columns."""
     result = rep.result
     s = result.settings
+    # A no-break space: the wrap below never leaves "s" alone on a line of its own.
     lines = [
         f"macspec bench --quick: {rep.models['target']} + {rep.models['draft']}; "
-        f"{len(rep.prompts)} prompts, {s.max_tokens} tokens; {result.seconds:.0f} s"
+        f"{len(rep.prompts)} prompts, {s.max_tokens} tokens; {result.seconds:.0f}\u00a0s"
     ]
     if s.ranks > 1:
         lines += sharded_lines(rep)

@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from macspec.cli import options as opt
-from macspec.cli.answer_output import ReasoningWriter, StdoutFailed, silence_stdout, stdout_failed
+from macspec.cli.answer_output import (
+    PrefillNotice,
+    ReasoningWriter,
+    StdoutFailed,
+    silence_stdout,
+    stdout_failed,
+)
 from macspec.cli.app import app, fail
 from macspec.cli.store_params import say_draft_choice, with_store_params
 from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
@@ -148,7 +154,7 @@ def answer(
     import mlx.core as mx
 
     from macspec.cli.gguf_notes import gguf_loading
-    from macspec.engine.core.events import Done, Token
+    from macspec.engine.core.events import Done, Prefill, Token
     from macspec.engine.core.stats import summary_line
     from macspec.models.build import build_engine
     from macspec.models.reasoning import ReasoningSplitter, reasoning_start
@@ -181,9 +187,14 @@ def answer(
     done: Done | None = None
     tally = Tally(len(prompt_ids))
     events = generate(engine, prompt_ids, config)  # from the longest prefix cached on disk
+    notice = PrefillNotice()
     try:
         for event in events:
             tally.add(event)
+            if isinstance(event, Prefill):
+                notice.start(event.prompt_tokens - event.cached_tokens)
+                continue
+            notice.stop()
             if isinstance(event, Token):
                 split = splitter.feed(event.text) if splitter is not None else None
                 if not as_json:
@@ -191,11 +202,14 @@ def answer(
             elif isinstance(event, Done):
                 done = event
     except (KeyboardInterrupt, StdoutFailed) as exc:
+        notice.stop()  # before the stats line below
         events.close()
         mx.synchronize()  # a step may be in flight on MLX's threads: not torn down at exit
         if isinstance(exc, StdoutFailed):
             stdout_failed(exc)
         interrupted(tally, out, as_json)  # Ctrl-C: end the line, then the stats so far
+    finally:
+        notice.stop()  # whatever ended the answer: no spinner left behind
     assert done is not None
     # Text held back until the end (a possible stop string, a possible tag), split too.
     ending = [done.tail] if splitter is None else [splitter.feed(done.tail), splitter.flush()]
