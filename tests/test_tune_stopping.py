@@ -80,6 +80,24 @@ def test_training_stops_when_the_held_out_loss_stops_improving_and_keeps_the_bes
     assert [e.step for e in events if isinstance(e, Step)] == list(range(1, record.steps + 1))
 
 
+def test_the_held_out_loss_stops_nothing_before_min_steps():
+    """The same noise with `min_steps`: training runs on to that step though the held-out loss
+    rose long before, then stops at the first check there, keeping the early best."""
+    draft = small_draft()
+    settings = TrainSettings(
+        lora_rank=None,
+        learning_rate=3e-3,
+        eval_every=5,
+        patience=3,
+        min_steps=42,
+        time_budget_s=120.0,
+    )
+    prepare(draft, settings)
+    record = fine_tune(draft, noise(0, 8), noise(1, 8), settings)
+    assert record.stopped_by == HELD_OUT and record.steps == 45
+    assert record.best_step < 42 - 3 * 5  # patience ran out long before
+
+
 def test_the_budget_stops_training_that_is_still_improving():
     draft = small_draft()
     settings = TrainSettings(

@@ -5,16 +5,19 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.errors import QuietExit
+
+if TYPE_CHECKING:
+    from macspec.tune.loop import Check, Step
 
 
 @app.command()
@@ -81,7 +84,8 @@ def tune(
         int,
         typer.Option(
             "--patience",
-            help="Stop after this many checks in a row without a lower held-out loss.",
+            help="Stop after this many checks in a row without a lower held-out loss (not "
+            "before two passes over the answers, or --steps if fewer).",
         ),
     ] = 5,
     lora_rank: Annotated[
@@ -348,10 +352,12 @@ class CliReporter:
             yield lambda: progress.advance(task)
         print(f"macspec tune: {description}: done ({total})", flush=True)
 
-    def training(self, budget_s: float, max_steps: int | None):
+    def training(
+        self, budget_s: float, max_steps: int | None
+    ) -> AbstractContextManager[Callable[[Step | Check], None]]:
         from macspec.cli.tune_view import training_bar
 
         return training_bar(budget_s, max_steps, self.on_training_event)
 
-    def on_training_event(self, event) -> None:
+    def on_training_event(self, event: Step | Check) -> None:
         """Each training event, before the bar shows it (a hook for tests)."""

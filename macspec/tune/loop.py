@@ -174,7 +174,7 @@ def fine_tune(
             report(Step(record.steps, losses[-1], clock() - started))
             if record.steps % settings.eval_every == 0:
                 check(record.steps)
-                if since_best >= settings.patience:
+                if since_best >= settings.patience and record.steps >= settings.min_steps:
                     record.stopped_by = HELD_OUT
                     break
         if record.checks[-1].step != record.steps:

@@ -32,6 +32,10 @@ class TrainSettings:
     """Steps between checks of the held-out loss."""
     patience: int = 5
     """Training stops after this many checks in a row without a better held-out loss."""
+    min_steps: int = 0
+    """The held-out loss stops training only after this many steps: a draft that was trained
+    already often does worse for a while at first (Adam's first steps are as large as its
+    last), then better than it started."""
     warmup: int = 10
     """Steps of linear warmup of the learning rate."""
     batch_size: int = 8
