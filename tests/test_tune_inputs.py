@@ -15,6 +15,7 @@ models = tune_models_fixture()
 
 Usage = collections.namedtuple("Usage", "total used free")
 
+TRAIN = ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
 BAD_INPUTS = {
     "no prompts": (["--model", "{target}", "--draft-model", "{weak}"], "no prompts"),
     "empty file": (
@@ -43,8 +44,7 @@ BAD_INPUTS = {
         "already exists and holds files that macspec tune did not write",
     ),
     "an earlier tuned draft at out, without --force": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--out", "{earlier}"],
+        TRAIN + ["--out", "{earlier}"],
         "already exists (pass --force to replace it)",
     ),
     "out exists, whatever the prompts": (
@@ -53,13 +53,11 @@ BAD_INPUTS = {
         "already exists",
     ),
     "force on a folder tune did not write": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--out", "{existing}", "--force"],
+        TRAIN + ["--out", "{existing}", "--force"],
         "macspec tune did not write",
     ),
     "a shipped pair's name": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--register", "demo"],
+        TRAIN + ["--register", "demo"],
         "the shipped catalog has a pair 'demo'",
     ),
     "too little disk": (
@@ -67,9 +65,16 @@ BAD_INPUTS = {
         "not enough disk space",
     ),
     "an --out that cannot be made": (
-        ["--prompts", "{train}", "--model", "{target}", "--draft-model", "{weak}"]
-        + ["--out", "{one}/drafts/out"],
+        TRAIN + ["--out", "{one}/drafts/out"],
         "cannot write in",
+    ),
+    "no checks of the held-out loss": (
+        TRAIN + ["--eval-every", "0"],
+        "--eval-every must be >= 1, got 0",
+    ),
+    "no patience": (
+        TRAIN + ["--patience", "0"],
+        "--patience must be >= 1, got 0",
     ),
     "no history": (
         ["--from-history", "--model", "{target}", "--draft-model", "{weak}"],

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.errors import QuietExit
+
+if TYPE_CHECKING:
+    from macspec.tune.loop import Check, Step
 
 
 @app.command()
@@ -56,9 +58,36 @@ def tune(
         int | None,
         typer.Option(
             "--steps",
-            help="Training steps [default: about two passes over the answers, 10 to 1,000].",
+            help="At most this many training steps [default: no cap; the held-out loss and "
+            "--time-budget stop it].",
         ),
     ] = None,
+    time_budget: Annotated[
+        str,
+        typer.Option(
+            "--time-budget",
+            metavar="DURATION",
+            help="Longest training may take, e.g. 90s, 10m, 1h30m (the answers and "
+            "measurements come on top); training stops sooner once the held-out loss stops "
+            "improving.",
+        ),
+    ] = "10m",
+    eval_every: Annotated[
+        int | None,
+        typer.Option(
+            "--eval-every",
+            help="Steps between checks of the held-out loss [default: three times the "
+            "held-out batches, at least 5].",
+        ),
+    ] = None,
+    patience: Annotated[
+        int,
+        typer.Option(
+            "--patience",
+            help="Stop after this many checks in a row without a lower held-out loss (not "
+            "before two passes over the answers, or --steps if fewer).",
+        ),
+    ] = 5,
     lora_rank: Annotated[
         int | None,
         typer.Option(
@@ -138,13 +167,18 @@ def tune(
     The target answers the prompts (--prompts FILE, or your stored chats with --from-history)
     with macspec's engine, greedy unless --temp. mlx-lm's tuner fine-tunes the draft on those
     answers: fully for a draft of up to 50M parameters, where that is cheap, else LoRA (QLoRA on
-    a quantized draft); --full or --lora-rank N chooses, and the output says which. The result is
+    a quantized draft); --full or --lora-rank N chooses, and the output says which. Training goes
+    on until the loss on the target's answers to the held-out prompts stops improving (checked
+    every --eval-every steps, --patience checks without a gain) or --time-budget runs out, and
+    keeps the weights of the check with the lowest held-out loss; the output draws the loss
+    curve and says why it stopped ("still improving when the time budget ran out": give it
+    more). The result is
     fused, re-quantized to the draft's own bits and saved under --out as an mlx-lm model folder,
     written aside and renamed into place only when whole: an error, Ctrl-C or SIGTERM leaves
     nothing.
     The target's answers are kept in the macspec home as they are generated (--no-cache:
     afresh), so another run on the same target, prompts and answer settings, with another
-    --learning-rate or --steps, goes straight to training.
+    --learning-rate or --time-budget, goes straight to training.
     Without --pair or --model, the default pair's draft is tuned.
 
     Acceptance and tokens per target pass are measured on held-out prompts that are never
@@ -162,6 +196,8 @@ def tune(
     if full and lora_rank is not None:
         fail("--full and --lora-rank contradict each other; pass one")
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
+    from macspec.cli.tune_view import curve_lines, stop_line
+    from macspec.tune.config import format_duration, parse_duration
     from macspec.tune.run import TuneConfig, iter_lines
     from macspec.tune.run import tune as run_tune
 
@@ -177,6 +213,9 @@ def tune(
         temperature=temp,
         k=num_draft_tokens,
         steps=steps,
+        time_budget_s=parse_duration(time_budget),
+        eval_every=eval_every,
+        patience=patience,
         full=True if full else (False if lora_rank is not None else None),
         lora_rank=lora_rank if lora_rank is not None else 8,
         batch_size=batch_size,
@@ -207,10 +246,15 @@ def tune(
         same = "yes" if result.identical else "NO (a bug: please report it)"
         print(f"greedy outputs the same with either draft: {same}")
     print(
-        f"training: {result.method}, {result.steps} steps, {result.train_s:.0f} s; peak memory "
+        f"training: {result.method}, {result.steps} steps, {format_duration(result.train_s)} "
+        f"of a {format_duration(result.time_budget_s)} budget; peak memory "
         f"{result.peak_memory_bytes / 1e6:.0f} MB (MLX), {result.max_rss_bytes / 1e6:.0f} MB "
         "(process)"
     )
+    if result.training is not None:
+        for line in curve_lines(result.training):
+            print(line)
+        print(stop_line(result.training, result.time_budget_s))
     print(f"saved: {out} (mlx-lm format, at the draft's own precision; tune.json has the figures)")
     b, a = result.before, result.after
     mean, error = result.change
@@ -247,20 +291,6 @@ def tune(
         print(f"use it: macspec chat --model TARGET --draft-model {out}, or tune with --register")
 
 
-def _plain_training_display_unless_a_terminal() -> None:
-    """mlx-lm's training display (its shared rich console) forces truecolor, which writes
-    escape codes into a file or a pipe and ignores NO_COLOR: there, it writes plain text."""
-    if sys.stdout.isatty() and not os.environ.get("NO_COLOR"):
-        return
-    try:
-        from mlx_lm.cli_ui import make_console
-    except ImportError:  # an older mlx-lm, whose trainer prints plain lines
-        return
-    console = make_console()
-    if hasattr(console, "_color_system"):  # rich renders no style at all without one
-        console._color_system = None
-
-
 def _left_at(out: Path, started: float) -> str:
     """What a stopped run left at --out: nothing, unless it stopped after the save (while
     registering the pair)."""
@@ -294,10 +324,7 @@ def _ended_by_signals() -> Iterator[None]:
 
 
 class CliReporter:
-    """Notes on stdout, progress bars on stderr (rich), mlx-lm's own training display."""
-
-    def __init__(self) -> None:
-        _plain_training_display_unless_a_terminal()
+    """Notes on stdout, progress bars on stderr (rich)."""
 
     def note(self, text: str) -> None:
         print(f"macspec tune: {text}", flush=True)
@@ -325,5 +352,12 @@ class CliReporter:
             yield lambda: progress.advance(task)
         print(f"macspec tune: {description}: done ({total})", flush=True)
 
-    def train_report(self, info: dict) -> None:
-        pass  # mlx-lm's trainer prints the loss under its own progress bar
+    def training(
+        self, budget_s: float, max_steps: int | None
+    ) -> AbstractContextManager[Callable[[Step | Check], None]]:
+        from macspec.cli.tune_view import training_bar
+
+        return training_bar(budget_s, max_steps, self.on_training_event)
+
+    def on_training_event(self, event: Step | Check) -> None:
+        """Each training event, before the bar shows it (a hook for tests)."""

@@ -2,14 +2,49 @@
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from macspec.errors import MacspecError
+
 if TYPE_CHECKING:
+    from macspec.tune.loop import Check, Step, TrainRecord
     from macspec.tune.measure import Measurement
+
+
+DEFAULT_TIME_BUDGET_S = 600.0
+"""Ten minutes: the demo draft's held-out loss was still falling after that on a CPU, but
+a user waiting on a first run should see a result; --time-budget gives more."""
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str, option: str = "--time-budget") -> float:
+    """Seconds of '90', '90s', '10m', '1.5h' or '1h30m'; anything else, or zero, is the
+    user's error."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or match is None:
+        raise MacspecError(
+            f"{option} must be a duration such as 90s, 10m, 1h or 1h30m, got {text!r}"
+        )
+    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if not 0 < total < math.inf:
+        raise MacspecError(f"{option} must be longer than 0 s, got {text!r}")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """'10 min', '1 h 30 min', '1 min 30 s', '45 s'."""
+    minutes, rest = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    parts = [(hours, "h"), (minutes, "min"), (rest, "s")]
+    return " ".join(f"{n} {unit}" for n, unit in parts if n) or "0 s"
 
 
 @dataclass(frozen=True)
@@ -41,7 +76,13 @@ class TuneConfig:
     k: int | None = None
     """Draft length of the measurements; None: the pair's fixed k, else 4."""
     steps: int | None = None
-    """Training steps; None: about two passes over the answers (10 to 1,000)."""
+    """At most this many training steps; None: no cap (the budget and the held-out loss stop it)."""
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S
+    """Training stops once this long has passed (its checks of the held-out loss included)."""
+    eval_every: int | None = None
+    """Steps between checks of the held-out loss; None: by the held-out set's size."""
+    patience: int = 5
+    """Training stops after this many checks in a row without a better held-out loss."""
     full: bool | None = None
     """Full fine-tuning (True) or LoRA (False); None: full for a draft of at most
     `FULL_FINE_TUNING_MOST` parameters, where it is cheap, LoRA above."""
@@ -76,6 +117,7 @@ class TuneResult:
     held_out_prompts: int
     answer_tokens: int
     steps: int
+    """Optimizer steps taken."""
     method: str
     trainable: int
     train_s: float
@@ -89,6 +131,9 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     draft_parameters: int = 0
     """The draft's parameters, unquantized: what the method is chosen by when not told."""
+    training: TrainRecord | None = None
+    """The loss curve, where training stopped and why, and the step whose weights were kept."""
+    time_budget_s: float = DEFAULT_TIME_BUDGET_S
 
     @property
     def change(self) -> tuple[float, float | None]:
@@ -126,8 +171,11 @@ class Reporter(Protocol):
     def task(self, description: str, total: int) -> AbstractContextManager[Callable[[], None]]:
         """A progress bar of `total` steps; the context yields the function that advances it."""
 
-    def train_report(self, info: dict) -> None:
-        """mlx-lm's training report (iteration, train_loss, tokens_per_second, ...)."""
+    def training(
+        self, budget_s: float, max_steps: int | None
+    ) -> AbstractContextManager[Callable[[Step | Check], None]]:
+        """The training display; the context yields the function each training event (a step
+        done, a check of the held-out loss) goes to."""
 
 
 class QuietReporter:
@@ -137,5 +185,7 @@ class QuietReporter:
     def task(self, description: str, total: int) -> AbstractContextManager[Callable[[], None]]:
         return nullcontext(lambda: None)
 
-    def train_report(self, info: dict) -> None:
-        pass
+    def training(
+        self, budget_s: float, max_steps: int | None
+    ) -> AbstractContextManager[Callable[[Step | Check], None]]:
+        return nullcontext(lambda event: None)

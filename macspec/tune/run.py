@@ -6,17 +6,15 @@ into a staging folder and renamed to `--out` only once it is whole and measured.
 
 from __future__ import annotations
 
-import json
 import math
 import resource
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.tuner.callbacks import TrainingCallback
 from mlx_lm.utils import load as mlx_load
 from mlx_lm.utils import save_model
 
@@ -31,13 +29,13 @@ from macspec.models.templates import encode_messages, encode_prompt, has_chat_te
 from macspec.tune import save
 from macspec.tune.answers import add_target_logprobs, generate_answers
 from macspec.tune.cache import AnswerCache, default_cache_path, target_identity
-from macspec.tune.config import QuietReporter, Reporter, TuneConfig, TuneResult
+from macspec.tune.config import QuietReporter, Reporter, TuneConfig, TuneResult, format_duration
+from macspec.tune.loop import fine_tune
 from macspec.tune.measure import Measurement, measure
 from macspec.tune.prompts import TunePrompt, read_history, read_prompts, split_held_out
 from macspec.tune.train import (
     FULL_FINE_TUNING_MOST,
     TrainSettings,
-    fine_tune,
     fuse,
     parameter_count,
     prepare,
@@ -47,14 +45,6 @@ from macspec.tune.train import (
 DEFAULT_K = 4
 """Draft length of the measurements when the pair's policy is not a fixed k ('auto' would
 make the figures depend on this machine's timings)."""
-
-
-class _Callback(TrainingCallback):
-    def __init__(self, reporter: Reporter):
-        self.reporter = reporter
-
-    def on_train_loss_report(self, train_info: dict) -> None:
-        self.reporter.train_report(train_info)
 
 
 @dataclass
@@ -78,6 +68,8 @@ def check(config: TuneConfig) -> _Plan:
         raise MacspecError("no prompts: pass --prompts FILE (JSONL) or --from-history")
     for name, value, least in (
         ("--steps", config.steps, 1),
+        ("--eval-every", config.eval_every, 1),
+        ("--patience", config.patience, 1),
         ("--lora-rank", config.lora_rank, 1),
         ("--batch-size", config.batch_size, 1),
         ("--max-tokens", config.max_tokens, 1),
@@ -88,6 +80,8 @@ def check(config: TuneConfig) -> _Plan:
             raise MacspecError(f"{name} must be >= {least}, got {value}")
     if not 0 <= config.kl_weight <= 1:
         raise MacspecError(f"--kl must be between 0 and 1, got {config.kl_weight}")
+    if not 0 < config.time_budget_s < math.inf:
+        raise MacspecError(f"--time-budget must be longer than 0 s, got {config.time_budget_s}")
     if not 0 <= config.temperature < math.inf:
         raise MacspecError(f"--temp must be a finite number >= 0, got {config.temperature}")
     if config.learning_rate is not None and not 0 < config.learning_rate < math.inf:
@@ -165,6 +159,9 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
         cache = AnswerCache(default_cache_path(), target_identity(resolved.target))
     try:
         examples = _answers(config, loaded, train_ids, cache, reporter)
+        # The held-out loss, which decides when training stops and which weights are kept, is
+        # on the target's answers to the held-out prompts (never trained on).
+        held_examples = _answers(config, loaded, held_ids, cache, reporter, "held-out ")
     finally:
         if cache is not None:
             cache.close()
@@ -179,22 +176,27 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
         before = _measure(loaded, loaded.draft, held_ids, figures, advance)
 
     parameters = parameter_count(loaded.draft)
-    settings = _settings(config, len(examples), parameters)
+    settings = _settings(config, len(examples), len(held_examples), parameters)
     draft_config = read_config(resolved.draft)
     quantized = prepare(loaded.draft, settings)
     trainable = trainable_parameters(loaded.draft)
     method = "full fine-tuning" if settings.full else f"LoRA rank {settings.lora_rank}"
+    cap = f"at most {settings.max_steps} steps" if settings.max_steps else "steps"
     reporter.note(
         f"training: {method}{_method_reason(config, parameters)}, {trainable:,} trainable "
-        f"parameters, {settings.steps} steps "
-        f"of {min(settings.batch_size, len(examples))}, learning rate {settings.learning_rate:g}"
+        f"parameters, {cap} of batches of {min(settings.batch_size, len(examples))}, learning rate "
+        f"{settings.learning_rate:g}"
         + (f", KL weight {settings.kl_weight:g}" if settings.kl_weight else "")
+        + f"; until the held-out loss stops improving (checked every {settings.eval_every} "
+        f"steps, {settings.patience} checks without a gain, not before step "
+        f"{settings.min_steps}) or the time budget of "
+        f"{format_duration(settings.time_budget_s)} runs out; the best weights are kept"
     )
     with save.staging(config.out, config.force) as folder:
         started = time.perf_counter()
         mx.reset_peak_memory()
-        adapters = folder.parent / "adapters.safetensors"
-        fine_tune(loaded.draft, examples, settings, adapters, _Callback(reporter))
+        with reporter.training(settings.time_budget_s, settings.max_steps) as show:
+            training = fine_tune(loaded.draft, examples, held_examples, settings, show)
         train_s = time.perf_counter() - started
         peak = mx.get_peak_memory()
         tuned = fuse(loaded.draft, quantized)
@@ -214,7 +216,7 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
             train_prompts=len(train_ids),
             held_out_prompts=len(held_ids),
             answer_tokens=answer_tokens,
-            steps=settings.steps,
+            steps=training.steps,
             method=method,
             trainable=trainable,
             draft_parameters=parameters,
@@ -222,8 +224,10 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
             peak_memory_bytes=peak,
             max_rss_bytes=_max_rss(),
             identical=identical,
+            training=training,
+            time_budget_s=settings.time_budget_s,
         )
-        _write_record(folder, config, resolved, settings, result, draft_config)
+        save.write_record(folder, config, resolved, settings, result, draft_config)
 
     if config.register is not None:
         if result.better:
@@ -243,11 +247,13 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
     return result
 
 
-def _answers(config: TuneConfig, loaded: LoadedModels, prompts, cache, reporter) -> list:
+def _answers(
+    config: TuneConfig, loaded: LoadedModels, prompts, cache, reporter, which: str = ""
+) -> list:
     """The target's answers (and top-k log-probabilities when the loss has a KL term), from
-    the cache where it kept them."""
+    the cache where it kept them; `which` names the prompts ('held-out ')."""
     from_cache = []
-    with reporter.task("the target's answers", len(prompts)) as advance:
+    with reporter.task(f"the target's answers to the {which}prompts", len(prompts)) as advance:
 
         def answered(cached: bool) -> None:
             from_cache.append(cached)
@@ -264,28 +270,39 @@ def _answers(config: TuneConfig, loaded: LoadedModels, prompts, cache, reporter)
             cache=cache,
         )
     if not examples:
-        raise MacspecError("the target answered none of the prompts (every answer was empty)")
+        raise MacspecError(
+            f"the target answered none of the {which}prompts (every answer was empty)"
+        )
     answer_tokens = sum(e.answer_length for e in examples)
     reused = sum(from_cache)
     kept = f", {reused} kept from an earlier run" if reused else ""
     where = f" (cache: {cache.path}{kept})" if cache is not None and not cache.problem else ""
-    reporter.note(f"{len(examples)} answers, {answer_tokens:,} tokens{where}")
+    reporter.note(f"{len(examples)} {which}answers, {answer_tokens:,} tokens{where}")
     if config.kl_weight > 0:
-        with reporter.task("the target's log-probabilities", len(examples)) as advance:
+        task = f"the target's log-probabilities on the {which}answers"
+        with reporter.task(task, len(examples)) as advance:
             add_target_logprobs(
                 loaded.target, examples, config.top_k, loaded.vocab_size, advance, cache
             )
     return examples
 
 
-def _settings(config: TuneConfig, examples: int, parameters: int) -> TrainSettings:
+def _settings(config: TuneConfig, examples: int, held_out: int, parameters: int) -> TrainSettings:
     """The training settings; full fine-tuning or LoRA as told, else by the draft's size."""
     full = config.full if config.full is not None else parameters <= FULL_FINE_TUNING_MOST
-    batch = min(config.batch_size, examples)
-    steps = config.steps or min(1000, max(10, math.ceil(2 * examples / batch)))
+    # A check's forward passes over the held-out batches cost about a third of as many
+    # training steps each: every 3 x that many steps keeps checks near a tenth of the time.
+    eval_every = config.eval_every or max(5, 3 * math.ceil(held_out / config.batch_size))
+    # No stop by the held-out loss before two passes over the answers (tune's fixed length
+    # before it had one): the stock demo draft's held-out loss rose for 30 steps, then fell.
+    two_passes = min(1000, max(10, math.ceil(2 * examples / min(config.batch_size, examples))))
     default_lr = 5e-4 if full else 2e-4
     return TrainSettings(
-        steps=steps,
+        time_budget_s=config.time_budget_s,
+        max_steps=config.steps,
+        eval_every=eval_every,
+        patience=config.patience,
+        min_steps=min(two_passes, config.steps or two_passes),
         batch_size=config.batch_size,
         learning_rate=config.learning_rate or default_lr,
         lora_rank=None if full else config.lora_rank,
@@ -341,37 +358,6 @@ def _context_length(resolved: ResolvedModels) -> int:
 def _max_rss() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024  # bytes on macOS, KiB on Linux
-
-
-def _write_record(folder: Path, config, resolved, settings, result: TuneResult, draft_config):
-    """tune.json beside the weights: where the draft came from and what it measured."""
-    record = {
-        "target": resolved.target_name,
-        "draft": resolved.draft_name,
-        "pair": resolved.pair.name if resolved.pair is not None else None,
-        "prompts": str(config.prompts) if config.prompts else "history",
-        "held_out": str(config.held_out) if config.held_out else "split",
-        "train_prompts": result.train_prompts,
-        "held_out_prompts": result.held_out_prompts,
-        "answer_tokens": result.answer_tokens,
-        "training": {
-            **asdict(settings),
-            "method": result.method,
-            "method_chosen_by": "the draft's size" if config.full is None else "the user",
-            "draft_parameters": result.draft_parameters,
-            "trainable": result.trainable,
-        },
-        "quantization": draft_config.get("quantization"),
-        "train_s": round(result.train_s, 1),
-        "peak_memory_bytes": result.peak_memory_bytes,
-        "before": result.before.to_dict(),
-        "after": result.after.to_dict(),
-        "better": result.better,
-        "verdict": result.verdict,
-        "change_in_tokens_per_pass": dict(zip(("mean", "standard_error"), result.change)),
-        "identical_greedy_outputs": result.identical,
-    }
-    (folder / "tune.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 def iter_lines(result: TuneResult) -> Iterator[str]:

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import mlx.nn as nn
@@ -198,3 +199,35 @@ def _toml_value(value: object) -> str:
 def shadows_shipped(name: str) -> bool:
     """Whether a user pair of this name replaces one of the shipped catalog."""
     return name in parse_catalog(read_toml(SHIPPED_CATALOG), SHIPPED_CATALOG)
+
+
+def write_record(folder: Path, config, resolved, settings, result, draft_config) -> None:
+    """tune.json beside the weights: where the draft came from and what it measured."""
+    record = {
+        "target": resolved.target_name,
+        "draft": resolved.draft_name,
+        "pair": resolved.pair.name if resolved.pair is not None else None,
+        "prompts": str(config.prompts) if config.prompts else "history",
+        "held_out": str(config.held_out) if config.held_out else "split",
+        "train_prompts": result.train_prompts,
+        "held_out_prompts": result.held_out_prompts,
+        "answer_tokens": result.answer_tokens,
+        "training": {
+            **asdict(settings),
+            "method": result.method,
+            "method_chosen_by": "the draft's size" if config.full is None else "the user",
+            "draft_parameters": result.draft_parameters,
+            "trainable": result.trainable,
+        },
+        "quantization": draft_config.get("quantization"),
+        "stopping": result.training.to_dict() if result.training else None,
+        "train_s": round(result.train_s, 1),
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "before": result.before.to_dict(),
+        "after": result.after.to_dict(),
+        "better": result.better,
+        "verdict": result.verdict,
+        "change_in_tokens_per_pass": dict(zip(("mean", "standard_error"), result.change)),
+        "identical_greedy_outputs": result.identical,
+    }
+    (folder / "tune.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -1,40 +1,48 @@
-"""Fine-tune a draft on the target's answers with mlx-lm's tuner, then fuse it back.
+"""What fine-tuning a draft needs besides the loop (loop.py): the settings, the draft made
+trainable, the losses and batches, and the draft fused back.
 
 LoRA (mlx-lm's LoRA layers, on a quantized draft as QLoRA) or full fine-tuning (a quantized
-draft dequantized first, re-quantized after). mlx-lm's `train` runs the loop and shows the
-progress; the loss is cross-entropy on the target's tokens with the prompt masked, plus, when
-`kl_weight` > 0, the KL divergence from the target's top-k distribution.
+draft dequantized first, re-quantized after). The loss is cross-entropy on the target's tokens
+with the prompt masked, plus, when `kl_weight` > 0, the KL divergence from the target's top-k
+distribution.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.tuner.callbacks import TrainingCallback
-from mlx_lm.tuner.trainer import TrainingArgs, default_loss, iterate_batches, train
-from mlx_lm.tuner.utils import build_schedule, linear_to_lora_layers
+from mlx_lm.tuner.trainer import default_loss
+from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_lm.utils import dequantize_model
-
-from macspec.tune.examples import Example
 
 
 @dataclass(frozen=True)
 class TrainSettings:
     """How to fine-tune the draft."""
 
-    steps: int = 200
-    """Optimizer steps (batches)."""
+    time_budget_s: float = 600.0
+    """Training stops once this long has passed (checks of the held-out loss included)."""
+    max_steps: int | None = None
+    """At most this many optimizer steps (batches); None: no cap."""
+    eval_every: int = 10
+    """Steps between checks of the held-out loss."""
+    patience: int = 5
+    """Training stops after this many checks in a row without a better held-out loss."""
+    min_steps: int = 0
+    """The held-out loss stops training only after this many steps: a draft that was trained
+    already often does worse for a while at first (Adam's first steps are as large as its
+    last), then better than it started."""
+    warmup: int = 10
+    """Steps of linear warmup of the learning rate."""
     batch_size: int = 8
     """Conversations per batch (fewer if there are fewer examples)."""
     learning_rate: float = 1e-4
-    """Peak learning rate, after a short warmup, decayed by a cosine to a tenth."""
+    """Peak learning rate, after a short warmup; with `max_steps`, decayed by a cosine to a
+    tenth over them, else kept (the held-out loss decides when to stop)."""
     lora_rank: int | None = 8
     """LoRA rank on every linear layer of every block; None: full fine-tuning."""
     lora_scale: float = 20.0
@@ -101,56 +109,6 @@ def prepare(draft: nn.Module, settings: TrainSettings) -> dict[str, dict]:
 
 def trainable_parameters(model: nn.Module) -> int:
     return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
-
-
-def fine_tune(
-    draft: nn.Module,
-    examples: list[Example],
-    settings: TrainSettings,
-    adapter_file: Path,
-    callback: TrainingCallback | None = None,
-) -> None:
-    """Run mlx-lm's trainer over the examples (the draft prepared by `prepare`)."""
-    np.random.seed(settings.seed)  # mlx-lm's batch order
-    mx.random.seed(settings.seed)
-    batch_size = min(settings.batch_size, len(examples))
-    warmup = min(10, settings.steps // 10)
-    lr = settings.learning_rate
-    schedule = build_schedule(
-        {"name": "cosine_decay", "arguments": [lr, settings.steps, lr / 10], "warmup": warmup}
-    )
-    args = TrainingArgs(
-        batch_size=batch_size,
-        iters=settings.steps,
-        steps_per_report=max(1, settings.steps // 20),
-        steps_per_save=settings.steps + 1,  # only the final save, into the staging folder
-        max_seq_length=settings.max_seq_length,
-        adapter_file=str(adapter_file),
-    )
-    if settings.kl_weight > 0:
-        dataset = examples
-        loss, batches = distill_loss(settings.kl_weight), iterate_distill_batches
-    else:
-        dataset = [(e.tokens, e.offset) for e in examples]
-        loss, batches = answer_loss, iterate_batches
-    # On MLX's CPU backend a compiled step builds its kernels with the system's C++ compiler,
-    # minutes for a short run, and runs no faster after; Metal compiles in milliseconds.
-    cpu_only = not mx.metal.is_available()
-    if cpu_only:
-        mx.disable_compile()
-    try:
-        train(
-            draft,
-            optim.Adam(learning_rate=schedule),
-            dataset,
-            args=args,
-            loss=loss,
-            iterate_batches=batches,
-            training_callback=callback,
-        )
-    finally:
-        if cpu_only and not os.environ.get("MLX_DISABLE_COMPILE"):
-            mx.enable_compile()
 
 
 def answer_loss(model, batch, lengths):

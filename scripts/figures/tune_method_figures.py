@@ -5,7 +5,7 @@ to which `macspec tune` fine-tunes a draft fully when told neither --full nor --
     python scripts/figures/tune_method_figures.py --sizes 0,1 --bits 0 --steps 6
 
 Each draft is a random mlx-lm llama (the tests' shape family), trained through macspec's own
-`prepare` and `fine_tune` (mlx-lm's trainer) on random conversations of 8 x 128 tokens. It
+`prepare` and `fine_tune` (mlx-lm's loss and batches) on random conversations of 8 x 128 tokens. It
 prints the seconds per step (median over the steps after the first) and MLX's peak memory of
 each method, and their ratios. Both are costs only: what the steps achieve is tune's own
 before/after measurement (tests/test_tune.py).
@@ -14,20 +14,15 @@ before/after measurement (tests/test_tune.py).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import statistics
-import tempfile
-import time
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
-from mlx_lm.tuner.callbacks import TrainingCallback
 
 from macspec.tune.answers import Example
-from macspec.tune.train import TrainSettings, fine_tune, prepare, trainable_parameters
+from macspec.tune.loop import Step, fine_tune
+from macspec.tune.train import TrainSettings, prepare, trainable_parameters
 
 SIZES = [  # hidden, layers, intermediate, vocab
     (32, 1, 64, 260),  # the tests' weak draft
@@ -41,15 +36,17 @@ SIZES = [  # hidden, layers, intermediate, vocab
 ]
 
 
-class _Timer(TrainingCallback):
+class _Timer:
+    """Each step's seconds, from the loop's step events."""
+
     def __init__(self) -> None:
         self.times: list[float] = []
-        self.last = time.perf_counter()
+        self.last = 0.0
 
-    def on_train_loss_report(self, info: dict) -> None:
-        now = time.perf_counter()
-        self.times.append(now - self.last)
-        self.last = now
+    def __call__(self, event) -> None:
+        if isinstance(event, Step):
+            self.times.append(event.elapsed_s - self.last)
+            self.last = event.elapsed_s
 
 
 def build(size: tuple[int, int, int, int], bits: int) -> tuple[nn.Module, int]:
@@ -82,13 +79,15 @@ def cost(size, bits: int, lora_rank: int | None, steps: int, seq: int) -> tuple[
     mx.random.seed(1)
     rows = mx.random.randint(0, vocab, (16, seq)).tolist()
     examples = [Example(tokens=row, offset=seq // 4) for row in rows]
-    settings = TrainSettings(steps=steps, batch_size=8, lora_rank=lora_rank)
+    # Checks of the held-out loss only before the first step and after the last.
+    settings = TrainSettings(
+        max_steps=steps, eval_every=steps + 1, batch_size=8, lora_rank=lora_rank
+    )
     mx.clear_cache()
     mx.reset_peak_memory()
     prepare(model, settings)
     timer = _Timer()
-    with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()):
-        fine_tune(model, examples, settings, Path(folder) / "adapters.safetensors", timer)
+    fine_tune(model, examples, examples[:8], settings, timer)
     per_step = statistics.median(timer.times[1:] or timer.times)
     return per_step, mx.get_peak_memory(), trainable_parameters(model)
 
