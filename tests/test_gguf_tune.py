@@ -4,6 +4,7 @@ tuned draft is a plain mlx-lm folder with its own weights (not a pointer back to
 from __future__ import annotations
 
 import json
+import math
 
 import mlx.core as mx
 import pytest
@@ -68,3 +69,16 @@ def test_the_tuned_draft_drafts_for_the_gguf_target_losslessly(tuned):
         runs[draft[0]] = json.loads(out)
     assert runs["--draft-model"]["tokens"] == runs["--no-draft"]["tokens"]
     assert runs["--draft-model"]["stats"]["draft_proposed"] > 0
+
+
+def test_full_fine_tuning_of_a_float16_draft_keeps_finite_float16_weights(tuned):
+    """A GGUF's Q8_0 layers dequantize to float16: trained in float16, Adam's first steps
+    overflowed and the 'tuned' draft held NaN; it trains in float32 and is saved as it was."""
+    record = json.loads((tuned["out"] / "tune.json").read_text())
+    losses = [c["held_out_loss"] for c in record["stopping"]["curve"]]
+    assert len(losses) > 1 and all(math.isfinite(v) for v in losses)
+    model, _ = mlx_load(str(tuned["out"]))
+    for name, value in tree_flatten(model.parameters()):
+        assert not mx.isnan(value).any().item(), name
+        if name.endswith("scales"):
+            assert value.dtype == mx.float16, name  # quantized again as the file had it

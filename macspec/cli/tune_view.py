@@ -3,6 +3,7 @@ loss curve and why it stopped."""
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,7 +63,9 @@ def sparkline(values: list[float | None], low: float, high: float) -> str:
     """One bar per value on the shared scale low..high (a space where there is none)."""
     span = high - low or 1.0
     return "".join(
-        " " if v is None else BARS[min(len(BARS) - 1, int((v - low) / span * len(BARS)))]
+        " "
+        if v is None or not math.isfinite(v)
+        else BARS[min(len(BARS) - 1, int((v - low) / span * len(BARS)))]
         for v in values
     )
 
@@ -85,7 +88,10 @@ def curve_lines(record: TrainRecord) -> Iterator[str]:
     drawn = _picked(checks, CURVE_WIDTH)
     train = [c.train_loss for c in drawn]
     held = [c.held_out_loss for c in drawn]
-    known = [v for v in train + held if v is not None]
+    known = [v for v in train + held if v is not None and math.isfinite(v)]
+    if not known:  # a loss that is NaN throughout: nothing to draw a scale from
+        yield f"loss curve: no finite loss in {len(checks)} checks"
+        return
     low, high = min(known), max(known)
     every = f"every {checks[1].step - checks[0].step} steps" if len(checks) > 2 else "at the ends"
     yield f"loss curve ({len(checks)} checks, {every}; ▁ {low:.2f} .. █ {high:.2f}):"

@@ -178,7 +178,7 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
     parameters = parameter_count(loaded.draft)
     settings = _settings(config, len(examples), len(held_examples), parameters)
     draft_config = read_config(resolved.draft)
-    quantized = prepare(loaded.draft, settings)
+    precision = prepare(loaded.draft, settings)
     trainable = trainable_parameters(loaded.draft)
     method = "full fine-tuning" if settings.full else f"LoRA rank {settings.lora_rank}"
     cap = f"at most {settings.max_steps} steps" if settings.max_steps else "steps"
@@ -199,7 +199,7 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
             training = fine_tune(loaded.draft, examples, held_examples, settings, show)
         train_s = time.perf_counter() - started
         peak = mx.get_peak_memory()
-        tuned = fuse(loaded.draft, quantized)
+        tuned = fuse(loaded.draft, precision)
         save.copy_draft_files(resolved.draft, folder, tuned)
         save_model(folder, tuned)
         del tuned

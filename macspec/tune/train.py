@@ -88,23 +88,40 @@ def parameter_count(model: nn.Module) -> int:
     return total
 
 
-def prepare(draft: nn.Module, settings: TrainSettings) -> dict[str, dict]:
-    """Make the draft trainable in place; return how its layers were quantized, by path."""
+@dataclass(frozen=True)
+class Precision:
+    """How the draft was stored, to save it so again after training: each quantized layer's
+    group size, bits and mode, by path, and the weights that were float16."""
+
+    quantized: dict[str, dict]
+    float16: frozenset[str] = frozenset()
+
+
+def prepare(draft: nn.Module, settings: TrainSettings) -> Precision:
+    """Make the draft trainable in place; return how it was stored. Full fine-tuning trains
+    float16 weights in float32: Adam's steps in float16 overflow to NaN within a step or two
+    (a GGUF's Q8_0 and Q4_0 layers dequantize to float16)."""
     quantized = {
         name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
         for name, m in draft.named_modules()
         if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
     }
     mx.random.seed(settings.seed)
+    float16: frozenset[str] = frozenset()
     if settings.full:
         dequantize_model(draft)
+        weights = tree_flatten(draft.parameters())
+        float16 = frozenset(name for name, w in weights if w.dtype == mx.float16)
+        draft.update(
+            tree_unflatten([(n, w.astype(mx.float32)) for n, w in weights if n in float16])
+        )
         draft.unfreeze()
     else:
         draft.freeze()
         config = {"rank": settings.lora_rank, "scale": settings.lora_scale, "dropout": 0.0}
         linear_to_lora_layers(draft, len(draft.layers), config)
     mx.eval(draft.parameters())
-    return quantized
+    return Precision(quantized, float16)
 
 
 def trainable_parameters(model: nn.Module) -> int:
@@ -178,12 +195,18 @@ def iterate_distill_batches(dataset, batch_size, max_seq_length, loop=False, see
             break
 
 
-def fuse(draft: nn.Module, quantized: dict[str, dict]) -> nn.Module:
-    """The trained draft as a plain model again: LoRA adapters fused into their layers, and
-    the layers that were quantized quantized again with their own group size, bits and mode."""
+def fuse(draft: nn.Module, precision: Precision) -> nn.Module:
+    """The trained draft as a plain model again: LoRA adapters fused into their layers, the
+    float16 weights float16 again, and the layers that were quantized quantized again with
+    their own group size, bits and mode."""
     fused = [(name, m.fuse()) for name, m in draft.named_modules() if hasattr(m, "fuse")]
     if fused:
         draft.update_modules(tree_unflatten(fused))  # LoRA on a quantized layer: re-quantized
+    if precision.float16:
+        weights = tree_flatten(draft.parameters())
+        back = [(n, w.astype(mx.float16)) for n, w in weights if n in precision.float16]
+        draft.update(tree_unflatten(back))
+    quantized = precision.quantized
     for params in {tuple(sorted(p.items())) for p in quantized.values()}:
         settings = dict(params)
         nn.quantize(
