@@ -22,7 +22,7 @@ from macspec.models.gguf.config import build_config, check_architecture
 from macspec.models.gguf.header import MAGIC, GGUFHeader, read_header
 from macspec.models.gguf.tensors import readable_types, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
-from macspec.models.home import macspec_home
+from macspec.models.home import check_folder_path, macspec_home
 
 GGUF_KEY = "gguf"
 """config.json's entry naming the file: {"file": absolute path, "identity": its hash}."""
@@ -81,6 +81,7 @@ def gguf_folder(path: Path) -> Path:
 
 def _write_whole(folder: Path, header: GGUFHeader, config: dict[str, Any]) -> None:
     """The folder written in a temporary sibling, then renamed: whole or not at all."""
+    check_folder_path(folder.parent, "the converted GGUF folder", "set MACSPEC_HOME elsewhere")
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:
