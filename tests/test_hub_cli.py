@@ -334,7 +334,8 @@ def _nothing(_):
     ("setup", "args", "message"),
     [
         (_nothing, ["pull", "nope"], "unknown pair 'nope' (known: demo, "),
-        (_nothing, ["rm", "nope"], "unknown pair 'nope'"),
+        (_nothing, ["rm", "nope"], "'nope' is no pair or Hugging Face repo: rm removes a"),
+        (_nothing, ["rm", "/m/x.gguf"], "converted files go with `macspec cache clear --model"),
         (_malformed, ["models"], "models.toml: invalid TOML: line 3, column 10: invalid value"),
         (_unknown_key, ["models"], "models.toml: pair 'tiny': unknown key 'k'"),
         (_missing_field, ["pull", "tiny"], "models.toml: pair 'tiny': missing field 'description'"),

@@ -95,6 +95,33 @@ def test_a_home_that_is_a_file_names_it(tmp_path, monkeypatch, capsys):
         assert "the macspec home is a file, not a folder" in one_line_error(capsys, argv)
 
 
+def test_a_home_or_prompt_cache_folder_that_is_a_file_is_one_line_everywhere(
+    tmp_path, monkeypatch, capsys
+):
+    from ggufkit import tiny_gguf
+
+    model = tiny_gguf(tmp_path)
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    monkeypatch.setenv("MACSPEC_HOME", str(home))
+    said = f"{home}: the macspec home is a file, not a folder"
+    for argv in (
+        ["run", "--max-tokens", "1", "hi"],  # the prompt cache goes in the home
+        ["serve", "--port", "0"],
+        ["cache"],
+        ["cache", "clear"],
+        ["run", "--model", str(model), "--disk-cache-gb", "0", "hi"],  # its converted folder
+    ):
+        assert said in one_line_error(capsys, argv), argv
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "elsewhere"))
+    said = f"{home}: the prompt cache folder is a file, not a folder"
+    for argv in (
+        ["cache", "--disk-cache-dir", str(home)],
+        ["run", "--disk-cache-dir", str(home), "hi"],
+    ):
+        assert said in one_line_error(capsys, argv), argv
+
+
 def test_a_read_only_home_names_it(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home"
     home.mkdir()

@@ -208,3 +208,13 @@ def test_an_unknown_name_suggests_the_nearest_store_names(store, gguf_file, user
     gemma = "on this Mac: lmstudio:lmstudio-community/gemma-3-270m-it-GGUF"
     assert gemma in one_line_error("gemma-3-270m-it-GGUF")
     assert "on this Mac" not in one_line_error("llama")
+
+
+def test_a_bare_name_is_its_latest_tag_as_in_ollama(store, gguf_file, tiny_model_folder):
+    store.add("smollm2:latest", gguf_file)
+    store.add("smollm2:135m", tiny_gguf(gguf_file.parent / "other.gguf", rows=4))
+    assert hub.local_model_path("smollm2").read_bytes() == gguf_file.read_bytes()
+    resolved = resolve_models(None, "smollm2", str(tiny_model_folder))
+    assert resolved.target.read_bytes() == gguf_file.read_bytes()
+    assert "nearest: smollm2" in one_line_error("ollama:smollm2:7b")
+    assert "is not a model name" in one_line_error("smollm")  # no smollm:latest: refused

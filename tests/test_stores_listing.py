@@ -139,3 +139,31 @@ def test_the_listing_reads_what_a_full_read_gives():
     assert listed.array_lengths == {key: len(full.metadata[key]) for key in arrays}
     assert listed.tokenizer_digest == full.tokenizer_digest is not None
     assert listed.tensors == {} and len(full.tensors) > 0
+
+
+def test_the_kv_estimate_takes_the_dtype_the_model_computes_in(tmp_path):
+    """A GGUF's model computes, and caches K and V, in float32 when its scales are (Q5_0 and
+    K-quants) or its norms are (llama.cpp writes them F32): 4 bytes a value, not 2."""
+    import mlx.core as mx
+    from gguf import GGMLQuantizationType as Q
+    from ggufkit import tiny_gguf as model_gguf
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from macspec.models.gguf.folder import gguf_folder
+    from macspec.models.loader import load_model
+    from macspec.models.memory import kv_cache_bytes
+    from macspec.models.stores.describe import describe_gguf
+
+    for kind in (Q.Q5_0, Q.Q8_0):
+        folder = gguf_folder(model_gguf(tmp_path, kind))
+        model, _ = load_model(folder, "model")
+        cache = make_prompt_cache(model)
+        model(mx.array([[1, 2, 3]]), cache=cache)
+        itemsize = cache[0].keys.dtype.size
+        config = json.loads((folder / "config.json").read_text())
+        assert "torch_dtype" not in config  # so the line below counts 2 bytes a value
+        expected = kv_cache_bytes(config, 4096) * itemsize // 2
+        assert (
+            describe_gguf(tmp_path / f"tiny-{kind.name.lower()}.gguf").memory.kv_cache_bytes
+            == expected
+        )

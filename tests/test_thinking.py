@@ -256,9 +256,13 @@ def test_think_and_system_that_the_template_cannot_use_are_named(tok):
     assert "no thinking switch: --no-think is not used" in warning
     bare = SimpleNamespace(has_chat_template=False)
     assert unused_template_options(bare, "be brief", True) == [
-        "the model has no chat template: --system is not used",
-        "the model has no chat template: --think is not used",
+        "the model has no chat template: the prompt is fed raw (as with --raw); "
+        "--system and --think are not used"
     ]
     assert unused_template_options(bare, None, False) == [
-        "the model has no chat template: --no-think is not used"
+        "the model has no chat template: the prompt is fed raw (as with --raw); "
+        "--no-think is not used"
+    ]
+    assert unused_template_options(bare, None, None) == [
+        "the model has no chat template: the prompt is fed raw (as with --raw)"
     ]

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from macspec.errors import MacspecError
+from macspec.models.home import check_home_is_a_folder
 
 
 class StorageError(MacspecError):
@@ -105,16 +106,6 @@ def describe(exc: sqlite3.Error | OSError, path: Path, busy_timeout_s: float) ->
     if code.startswith("SQLITE_IOERR") or "disk I/O error" in text:
         return StorageError(path, f"a disk I/O error ({text})")
     return StorageError(path, f"the chat database failed: {text}")
-
-
-def check_home_is_a_folder(home: Path) -> None:
-    """A home that is a file is one line, for commands that only read it too: else they would
-    find no database there and report nothing stored."""
-    if home.exists() and not home.is_dir():
-        raise MacspecError(
-            f"{home}: the macspec home is a file, not a folder; move it aside, or set "
-            "MACSPEC_HOME to another folder"
-        )
 
 
 def prepare_home(database: Path) -> None:

@@ -23,7 +23,6 @@ from macspec import __version__
 from macspec.chat.faults import (
     DamagedDatabase,
     NewerSchema,
-    check_home_is_a_folder,
     describe,
     prepare_home,
 )
@@ -41,7 +40,7 @@ from macspec.chat.records import (
 )
 from macspec.chat.schema import EXPECTED_COLUMNS, MIGRATIONS, schema_version
 from macspec.errors import MacspecError
-from macspec.models.home import macspec_home
+from macspec.models.home import check_home_is_a_folder, macspec_home
 
 __all__ = [
     "BUSY_TIMEOUT_S",

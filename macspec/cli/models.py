@@ -344,6 +344,13 @@ def rm(
     folders are never removed.
     """
     catalog = load_catalog()
+    if name not in catalog.pairs and not hub.is_repo_id(name):
+        known = ", ".join(catalog.pairs) or "none"
+        fail(
+            f"'{name}' is no pair or Hugging Face repo: rm removes a catalog pair's downloads or "
+            f"a repo from the download cache (pairs: {known}); a GGUF file or store model is "
+            "never removed, its converted files go with `macspec cache clear --model NAME`"
+        )
     pair, repos = _members(catalog, name)
     if pair is not None and not repos:
         fail(

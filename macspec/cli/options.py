@@ -317,10 +317,14 @@ def cache_options(
 
 def disk_cache(gb: float, folder: Path | None) -> DiskCacheSettings:
     """The prompt cache's settings from --disk-cache-gb and --disk-cache-dir."""
+    from macspec.models.home import check_folder_path
     from macspec.prefix.settings import DiskCacheSettings
 
     if gb < 0:
         raise MacspecError(f"--disk-cache-gb must be >= 0 (0 turns it off), got {gb}")
-    if folder is not None and folder.exists() and not folder.is_dir():
-        raise MacspecError(f"--disk-cache-dir {folder}: not a folder")
-    return DiskCacheSettings(gb=gb, folder=folder)
+    settings = DiskCacheSettings(gb=gb, folder=folder)
+    if settings.enabled:  # said before the model loads, not when the first block is written
+        check_folder_path(
+            settings.root, "the prompt cache folder", "give --disk-cache-dir another folder"
+        )
+    return settings

@@ -36,6 +36,29 @@ def macspec_home() -> Path:
     return base / "macspec"
 
 
+def check_home_is_a_folder(home: Path) -> None:
+    """A home that is a file is one line, for commands that only read it too: else they would
+    find no database there and report nothing stored."""
+    if home.exists() and not home.is_dir():
+        raise MacspecError(
+            f"{home}: the macspec home is a file, not a folder; move it aside, or set "
+            "MACSPEC_HOME to another folder"
+        )
+
+
+def check_folder_path(folder: Path, what: str, fix: str) -> None:
+    """One line when a file stands where `folder` (`what`, made on first use) or a folder above
+    it must be: the macspec home's own line when that file is the home; else `fix` says what
+    to do. Nothing to say while the path is free."""
+    for place in (folder, *folder.parents):
+        if place.is_dir():
+            return
+        if place.exists():
+            if place == macspec_home():
+                check_home_is_a_folder(place)  # raises: the home's own line
+            raise MacspecError(f"{place}: {what} is a file, not a folder; move it aside, or {fix}")
+
+
 def config_path() -> Path:
     """The user config file (`config.toml` in the user directory)."""
     return macspec_home() / CONFIG_FILE

@@ -81,9 +81,22 @@ def attention_tokens(cfg: dict, context_length: int) -> int | None:
     return layers * context_length
 
 
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+"""Bytes of a value in the dtype a config names (`torch_dtype`, or transformers' newer `dtype`):
+the model computes in it, so its KV cache holds it."""
+
+
+def kv_bytes_per_value(config: dict) -> int:
+    """What one K or V value takes: the dtype the model computes in when its config says
+    (a float32 model, a GGUF read with float32 scales), else 2 (float16, bfloat16)."""
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    return DTYPE_BYTES.get(str(dtype), KV_BYTES_PER_VALUE)
+
+
 def kv_cache_bytes(config: dict, context_length: int) -> int | None:
-    """KV cache for a full context: 2 (K and V) * kv_heads * head_dim * 2 bytes per id each
-    attention layer holds (see attention_tokens: sliding windows and recurrent layers hold less).
+    """KV cache for a full context: 2 (K and V) * kv_heads * head_dim * the bytes of a value
+    (`kv_bytes_per_value`) per id each attention layer holds (see attention_tokens: sliding
+    windows and recurrent layers hold less).
 
     Reads an mlx-lm/transformers `config.json` (or its `text_config`, or a speculators head's
     `transformer_layer_config`); None if it lacks the sizes.
@@ -97,7 +110,8 @@ def kv_cache_bytes(config: dict, context_length: int) -> int | None:
         tokens = attention_tokens(cfg, context_length)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    return None if tokens is None else 2 * kv_heads * head_dim * tokens * KV_BYTES_PER_VALUE
+    value = kv_bytes_per_value(config if "torch_dtype" in config or "dtype" in config else cfg)
+    return None if tokens is None else 2 * kv_heads * head_dim * tokens * value
 
 
 def weight_bytes(model_dir: Path) -> int:

@@ -8,19 +8,23 @@ from typing import Any
 
 from macspec.errors import MacspecError
 
+NO_TEMPLATE = "the model has no chat template: the prompt is fed raw (as with --raw)"
+"""The warning of run and chat for a model without a chat template (a base model)."""
+
 
 def has_chat_template(tokenizer) -> bool:
     return bool(getattr(tokenizer, "has_chat_template", False))
 
 
 def unused_template_options(tokenizer, system: str | None, think: bool | None) -> list[str]:
-    """Warnings for --system and --think that this tokenizer's chat template cannot use:
-    without a template the prompt goes as plain text, and only a template that reads
-    `enable_thinking` (Qwen3, Qwen3.5) can switch thinking."""
-    if not has_chat_template(tokenizer):
+    """Warnings for a tokenizer without a chat template (the prompt goes as plain text, and
+    --system and --think are not used), or whose template cannot use --think: only a
+    template that reads `enable_thinking` (Qwen3, Qwen3.5) can switch thinking."""
+    if not has_chat_template(tokenizer):  # one line: the prompt itself changes meaning too
         think_flag = "--think" if think else "--no-think"
         given = [f for f, v in (("--system", system), (think_flag, think)) if v is not None]
-        return [f"the model has no chat template: {flag} is not used" for flag in given]
+        unused = f"; {' and '.join(given)} {'are' if len(given) > 1 else 'is'} not used"
+        return [f"{NO_TEMPLATE}{unused if given else ''}"]
     template = getattr(tokenizer, "chat_template", None)
     if think is not None and isinstance(template, str) and "enable_thinking" not in template:
         flag = "--think" if think else "--no-think"

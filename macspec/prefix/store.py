@@ -27,6 +27,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from macspec.models.home import check_folder_path
 from macspec.models.hub import display_name
 from macspec.prefix import blockfile
 from macspec.prefix.blockfile import TEMP_MARK, Damaged
@@ -64,6 +65,9 @@ class DiskStore:
 
     def __init__(self, root: Path, max_bytes: int, thin_share: float = THIN_SHARE):
         self.root = Path(root)
+        check_folder_path(
+            self.root, "the prompt cache folder", "give --disk-cache-dir another folder"
+        )
         self.max_bytes = max_bytes
         self.thin_share = thin_share
         """Thin states are evicted first while over the bound and above this share of it."""

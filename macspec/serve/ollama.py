@@ -211,7 +211,15 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
     @app.post("/api/chat", dependencies=guarded)
     async def chat(request: Request):
         body = await parse(request, ChatRequest)
-        return await generation(request, body, True, lambda: backend.prepare_turn(body.to_turn()))
+
+        def prepare() -> Prepared:
+            if not has_chat_template(backend.tokenizer):  # Ollama's own route for plain text
+                raise APIError(
+                    400, "this model has no chat template: use /api/generate", "messages"
+                )
+            return backend.prepare_turn(body.to_turn())
+
+        return await generation(request, body, True, prepare)
 
     @app.post("/api/generate", dependencies=guarded)
     async def generate(request: Request):

@@ -10,9 +10,14 @@ import json
 import time
 from datetime import datetime, timezone
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
+from macspec.errors import MacspecError
+from macspec.models.gguf.folder import gguf_source
+from macspec.models.gguf.header import GGUFHeader, read_header
 from macspec.models.reasoning import has_think_tags
+from macspec.models.stores.describe import file_type_name
 from macspec.models.tools import HARMONY
 from macspec.serve.backend import Backend
 from macspec.serve.errors import APIError
@@ -48,13 +53,15 @@ class ServedModel:
     @property
     def name(self) -> str:
         """The name `/api/tags` lists, with a tag as Ollama's names have."""
-        model_id = self.backend.model_id
+        model_id = self.backend.model_id.removeprefix("ollama:")
+        if model_id.endswith(".gguf"):  # a file given by path: Ollama's names have no folders
+            model_id = Path(model_id).stem
         return model_id if ":" in model_id.rsplit("/", 1)[-1] else f"{model_id}:latest"
 
     def check(self, name: str) -> None:
         """Ollama's 404 for a model this server does not serve (any name with --any-model)."""
         backend = self.backend
-        if untagged(name) in {untagged(a) for a in backend.aliases}:
+        if untagged(name) in {untagged(a) for a in (*backend.aliases, self.name)}:
             return
         try:
             backend.check_model(name)
@@ -66,6 +73,21 @@ class ServedModel:
         engine = self.backend.engine
         target = getattr(engine, "target", None)
         return getattr(target, "model", None) or getattr(engine, "model", None)
+
+    @cached_property
+    def gguf(self) -> GGUFHeader | None:
+        """The header of the GGUF file served (a `.gguf` path, an Ollama blob), or None."""
+        for name in sorted(self.backend.aliases):
+            path = Path(name)
+            source = gguf_source(path) if path.is_dir() else None
+            if source is None and name.endswith(".gguf") and path.is_file():
+                source = path
+            if source is not None:
+                try:
+                    return read_header(source, strings=False)
+                except MacspecError:  # moved or damaged since loading: described as loaded
+                    return None
+        return None
 
     @cached_property
     def config(self) -> dict[str, Any]:
@@ -105,17 +127,38 @@ class ServedModel:
 
     @property
     def family(self) -> str:
+        """GGUF's `general.architecture` (`gemma3`, not mlx-lm's `gemma3_text`), as Ollama."""
+        if self.gguf is not None and "general.architecture" in self.gguf.metadata:
+            return self.gguf.architecture
         return str(self.config.get("model_type") or "unknown")
 
     @property
     def format(self) -> str:
+        if self.gguf is not None:
+            return "gguf"
         names = (self.backend.model_id, *self.backend.aliases)
         gguf = any(n.endswith(".gguf") or n.startswith("ollama:") for n in names)
         return "gguf" if gguf else "safetensors"
 
+    @property
+    def quantization_level(self) -> str:
+        """Ollama's: the GGUF's `general.file_type` (`Q4_K_M`), else its commonest tensor
+        type; a model folder's quantized bits (`Q4`) or float type."""
+        if self.gguf is not None:
+            named = file_type_name(self.gguf.metadata.get("general.file_type"))
+            if named and not named.startswith("type "):
+                return named
+            counts: dict[str, int] = {}
+            for tensor in self.gguf.tensors.values():
+                counts[tensor.qtype.name] = counts.get(tensor.qtype.name, 0) + tensor.nbytes
+            if counts:
+                return max(counts, key=counts.get)
+        _, _, bits, dtype = self.weights
+        return f"Q{bits}" if bits else {"float32": "F32", "float16": "F16"}.get(dtype, "BF16")
+
     def details(self) -> dict[str, Any]:
-        count, _, bits, dtype = self.weights
-        level = f"Q{bits}" if bits else {"float32": "F32", "float16": "F16"}.get(dtype, "BF16")
+        count = self.weights[0]
+        level = self.quantization_level
         return {
             "parent_model": "",
             "format": self.format,

@@ -23,7 +23,7 @@ from macspec.models.gguf.header import MAGIC, GGUFHeader
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import readable_types, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
-from macspec.models.home import macspec_home
+from macspec.models.home import check_folder_path, macspec_home
 
 GGUF_KEY = "gguf"
 """config.json's entry naming the file: {"file": absolute path, "identity": its hash}."""
@@ -82,6 +82,7 @@ def gguf_folder(path: Path) -> Path:
 
 def _write_whole(folder: Path, header: GGUFHeader, config: dict[str, Any]) -> None:
     """The folder written in a temporary sibling, then renamed: whole or not at all."""
+    check_folder_path(folder.parent, "the converted GGUF folder", "set MACSPEC_HOME elsewhere")
     folder.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:

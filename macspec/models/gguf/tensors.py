@@ -135,6 +135,18 @@ def resident_bytes(header: GGUFHeader) -> int:
     return total
 
 
+def compute_dtype(header: GGUFHeader) -> str:
+    """The dtype the converted model computes in (and its KV cache holds): float32 for a file
+    read through kquants (float32 scales); else the one float type of its tensors and of
+    `mx.load`'s float16 scales, float32 when they mix (MLX promotes: llama.cpp's F32 norms
+    make most files compute in float32)."""
+    if any(t.qtype not in CONVERTERS for t in header.tensors.values()):
+        return "float32"
+    names = {Q.F32: "float32", Q.F16: "float16", Q.BF16: "bfloat16"}
+    dtypes = {names.get(t.qtype, "float16") for t in header.tensors.values()}
+    return dtypes.pop() if len(dtypes) == 1 else "float32"
+
+
 def readable_types() -> list[Q]:
     """Every tensor type macspec reads."""
     return [qtype for qtype in Q if qtype in CONVERTERS or kquants.convertible(qtype)]

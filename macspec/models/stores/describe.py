@@ -68,6 +68,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         "head_dim": _int(header.arch_value("attention.key_length")),
         "hidden_size": header.arch_value("embedding_length"),
         "sliding_window": _int(header.arch_value("attention.sliding_window")),
+        "torch_dtype": _compute_dtype(path),  # the KV cache's values: 2 bytes or 4
     }
     memory = estimate(size, [config], context) if context else None
     return Description(
@@ -80,6 +81,19 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         header.tokenizer_digest,
         header.array_lengths.get("tokenizer.ggml.tokens"),
     )
+
+
+def _compute_dtype(path: Path) -> str | None:
+    """The dtype a GGUF's converted model computes in, from its tensor table; None (the usual
+    float16) when the table cannot be read: the listing says why elsewhere."""
+    from macspec.errors import MacspecError
+    from macspec.models.gguf.header import read_header as read_tensor_table
+    from macspec.models.gguf.tensors import compute_dtype
+
+    try:
+        return compute_dtype(read_tensor_table(path, strings=False))
+    except MacspecError:
+        return None
 
 
 def describe_mlx(folder: Path) -> Description:

@@ -34,9 +34,19 @@ def find(name: str) -> StoreModel | None:
         return ollama.resolve(name.removeprefix(ollama.PREFIX), name)
     if name.startswith(lmstudio.PREFIX):
         return lmstudio.resolve(name.removeprefix(lmstudio.PREFIX), name)
-    if is_store_name(name):
+    if is_store_name(name) or _bare_ollama_name(name):
         return ollama.resolve(name, name)
     return None
+
+
+def _bare_ollama_name(name: str) -> bool:
+    """A bare `NAME` that Ollama's store holds as `NAME:latest` (Ollama's default tag), and
+    that is neither a path nor a repo id (those have a '/')."""
+    if "/" in name or ":" in name or Path(name).expanduser().exists():
+        return False
+    parsed = ollama.parse_name(name)
+    root = ollama.store_root()
+    return parsed is not None and root.is_dir() and ollama.find_manifest(parsed, root) is not None
 
 
 def store_names() -> list[str]:

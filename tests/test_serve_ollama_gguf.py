@@ -1,0 +1,62 @@
+"""What Ollama's listings (/api/tags, /api/show, /api/ps) say of a served GGUF file: format
+gguf, the file type llama.cpp names (`general.file_type`, else the commonest tensor type),
+the family `general.architecture` names, and the file's stem as the model's name."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import tiny
+from gguf import GGMLQuantizationType as Q
+from ggufkit import write_gguf
+
+from macspec.models import hub
+from macspec.models.loader import load_model
+from macspec.serve.errors import APIError
+from macspec.serve.ollama_models import ServedModel
+
+Q4_1_FILE = 3
+"""llama.cpp's LLAMA_FTYPE_MOSTLY_Q4_1."""
+
+
+def served(tmp_path, name: str, kind: Q, meta: dict | None) -> ServedModel:
+    """A tiny Gemma 3 GGUF as `macspec serve --model PATH` serves it."""
+    shape = dict(num_hidden_layers=6, sliding_window_pattern=6, tie_word_embeddings=True)
+    config = tiny.arch_config("gemma3_text", **shape)  # llama.cpp's pattern: every 6th global
+    model = tiny.arch_model("gemma3_text", 1, **shape)
+    model.pop("lm_head")  # tied: llama.cpp's converter writes no output.weight
+    path = write_gguf(model, config, tmp_path / name, float_type=kind, meta=meta)
+    folder = hub.local_model_path(str(path))
+    model, _ = load_model(folder, "model")
+    backend = SimpleNamespace(
+        model_id=str(path),
+        context_length=4096,
+        aliases=frozenset({str(path), str(folder)}),
+        engine=SimpleNamespace(target=SimpleNamespace(model=model)),
+        check_model=lambda name: (_ for _ in ()).throw(APIError(404, "no", "model")),
+    )
+    return ServedModel(backend)
+
+
+def test_a_gguf_file_is_described_as_ollama_describes_it(tmp_path):
+    model = served(tmp_path, "gemma-3-tiny-q4_1.gguf", Q.Q4_1, {"general.file_type": Q4_1_FILE})
+    details = model.details()
+    assert details["format"] == "gguf"
+    assert details["quantization_level"] == "Q4_1"
+    assert details["family"] == "gemma3" and details["families"] == ["gemma3"]
+    assert model.model_info()["general.architecture"] == "gemma3"
+    assert model.listing()["name"] == model.running()["model"] == "gemma-3-tiny-q4_1:latest"
+    for name in (
+        "gemma-3-tiny-q4_1",
+        "gemma-3-tiny-q4_1:latest",
+        str(tmp_path / "gemma-3-tiny-q4_1.gguf"),
+    ):
+        model.check(name)  # the stem, tagged or not, and the path all name it
+    with pytest.raises(APIError):
+        model.check("gemma-3-other")
+
+
+def test_without_a_file_type_the_commonest_tensor_type_is_the_level(tmp_path):
+    details = served(tmp_path, "plain.gguf", Q.Q8_0, None).details()
+    assert details["quantization_level"] == "Q8_0" and details["format"] == "gguf"
