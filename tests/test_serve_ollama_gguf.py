@@ -60,3 +60,17 @@ def test_a_gguf_file_is_described_as_ollama_describes_it(tmp_path):
 def test_without_a_file_type_the_commonest_tensor_type_is_the_level(tmp_path):
     details = served(tmp_path, "plain.gguf", Q.Q8_0, None).details()
     assert details["quantization_level"] == "Q8_0" and details["format"] == "gguf"
+
+
+def test_serve_lists_a_gguf_file_by_its_name_on_every_api(tmp_path):
+    """`macspec serve --model DIR/NAME.gguf`: /v1/models (and so Ollama's /api/tags) lists
+    NAME, and the path a client was configured with still reaches the model."""
+    from ggufkit import tiny_gguf
+
+    from macspec.cli.serve import served_names
+    from macspec.models.catalog import resolve_models
+
+    path = tiny_gguf(tmp_path, Q.Q8_0)
+    model_id, aliases = served_names(resolve_models(None, str(path), None))
+    assert model_id == path.stem and "/" not in model_id
+    assert str(path) in aliases

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,7 +11,7 @@ import typer
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
 from macspec.cli.store_params import say_draft_choice, serve_defaults
-from macspec.models.catalog import resolve_models
+from macspec.models.catalog import ResolvedModels, resolve_models
 from macspec.models.hub import display_name
 
 
@@ -197,9 +198,7 @@ def serve_models(
         leader.idle()
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
-    model_id = resolved.pair.name if resolved.pair is not None else resolved.target_name
-    names = {resolved.target_name, display_name(resolved.target_name), str(resolved.target)}
-    aliases = tuple(names - {model_id})
+    model_id, aliases = served_names(resolved)
     num_draft_tokens = draft_args[0]
     k = num_draft_tokens or (resolved.pair.draft_policy if resolved.pair is not None else "auto")
     backend = Backend(
@@ -266,3 +265,17 @@ def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
                 file=sys.stderr,
             )
     return open_pair(resolved, num_draft_tokens, no_draft, draft, **where, draft_tree=draft_tree)
+
+
+def served_names(resolved: ResolvedModels) -> tuple[str, tuple[str, ...]]:
+    """The model id the APIs list (a pair's name; a GGUF file's name without its folder and
+    `.gguf`, as Ollama lists it; else the name given) and the other names a request may use."""
+    target = resolved.target_name
+    if resolved.pair is not None:
+        model_id = resolved.pair.name
+    elif target.endswith(".gguf"):
+        model_id = Path(target).stem
+    else:
+        model_id = target
+    names = {target, display_name(target), str(resolved.target)}
+    return model_id, tuple(sorted(names - {model_id}))
