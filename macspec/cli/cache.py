@@ -77,12 +77,20 @@ def _when(stamp: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp)) if stamp else "-"
 
 
-def _show_prompt_cache(store, models) -> None:
+def _console():
+    """stdout's console: on a terminal as wide as it is, names folded onto more lines; piped,
+    wide enough that every name comes whole (for `cache clear --model NAME` to take)."""
     from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=240)
+
+
+def _show_prompt_cache(store, models) -> None:
     from rich.table import Table
 
     table = Table(title=f"prompt cache: {store.root}", title_justify="left")
-    table.add_column("model", max_width=40)
+    table.add_column("model", overflow="fold")
     table.add_column("size", justify="right", no_wrap=True)
     table.add_column("blocks", justify="right", no_wrap=True)
     table.add_column("states", justify="right", no_wrap=True)
@@ -95,7 +103,7 @@ def _show_prompt_cache(store, models) -> None:
             m.name, _size(m.bytes), str(files.get("rows", 0)), str(files.get("state", 0)),
             str(hidden), _when(m.last_used),
         )  # fmt: skip
-    Console().print(table)
+    _console().print(table)
     typer.echo(f"total {_size(sum(m.bytes for m in models))}")
 
 
@@ -125,22 +133,21 @@ def _show_gguf(derived) -> None:
     its folder)."""
     if not derived:
         return
-    from rich.console import Console
     from rich.table import Table
 
     from macspec.models.gguf.entries import gguf_root
 
     table = Table(title=f"converted GGUF files: {gguf_root()}", title_justify="left")
-    table.add_column("file", no_wrap=True)
+    table.add_column("file", overflow="fold", ratio=2)
     table.add_column("converted", justify="right", no_wrap=True)
     table.add_column("folder", justify="right", no_wrap=True)
     table.add_column("last used", no_wrap=True)
-    table.add_column("in")
+    table.add_column("in", overflow="fold", ratio=1)
     for d in derived:
         name = d.name if d.file_exists else f"{d.name} (file gone)"
         where = str(d.file.parent) if d.file is not None else str(d.folder)
         table.add_row(name, _size(d.converted_bytes), _size(d.bytes), _when(d.last_used), where)
-    Console().print(table)
+    _console().print(table)
     typer.echo(f"total {_size(sum(d.bytes for d in derived))}")
 
 
