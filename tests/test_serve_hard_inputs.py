@@ -47,8 +47,9 @@ def plain():
     """The target alone (no drafter): what every answer must be."""
     opened = open_pair(resolved(), None, no_draft=True)
 
-    def answer(prompt: list[int], grammar: Grammar | None = None) -> str:
-        config = GenerationConfig(MAX_TOKENS, grammar=grammar)
+    def answer(prompt: list[int], grammar: Grammar | None = None, completion=False) -> str:
+        # A completion continues its prompt's text: its leading space is kept.
+        config = GenerationConfig(MAX_TOKENS, grammar=grammar, continuation=completion)
         return list(opened.engine.generate(prompt, config))[-1].text
 
     return answer, opened.tokenizer
@@ -68,7 +69,7 @@ def test_a_repetitive_completion_answers_200(server, plain):
         reply = post(server, "/completions", {"model": "tiny", "prompt": REPEATED})
         assert reply.status_code == 200, reply.text
         text = reply.json()["choices"][0]["text"]
-        assert text == answer(tokenizer.encode(REPEATED))
+        assert text == answer(tokenizer.encode(REPEATED), completion=True)
 
 
 @pytest.mark.parametrize("fmt", ["json_object", "json_schema"])

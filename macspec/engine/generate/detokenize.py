@@ -22,7 +22,8 @@ class _ContinuingBPE(BPEStreamingDetokenizer):
 
 def answer_detokenizer(tokenizer: Any, continuation: bool) -> Any:
     """A fresh streaming detokenizer for one answer; `continuation` keeps a leading space."""
-    detokenizer = tokenizer.detokenizer  # a copy per caller, reset
+    detokenizer = tokenizer.detokenizer  # mlx-lm's: a copy per caller
+    detokenizer.reset()  # the engine's contract with any tokenizer: reset, then add_token
     if not continuation:
         return detokenizer
     if isinstance(detokenizer, SPMStreamingDetokenizer):
