@@ -120,8 +120,9 @@ def main() -> None:
     parser.add_argument("--loads", type=int, default=3)
     parser.add_argument(
         "--configs",
-        default="lookup:4,lookup:8,suffix:4,suffix:8,hybrid:4,hybrid:8",
-        help="drafter:k, comma list",
+        default="lookup:4,lookup:8,suffix:4,suffix:8",
+        help="drafter:k, comma list (hybrid needs a draft model: none shares SmolLM2's "
+        "tokenizer and is smaller)",
     )
     args = parser.parse_args()
     configs = [(kind, int(k)) for kind, k in (c.split(":") for c in args.configs.split(","))]
@@ -142,6 +143,7 @@ def main() -> None:
             if (derived / name).is_file():
                 (folder / name).write_bytes((derived / name).read_bytes())
         loads = load_figures(gguf, folder, args.loads, home) if args.loads else {}
+        print(json.dumps({"loads": loads}), file=sys.stderr, flush=True)  # as it comes
         drafting = (
             drafting_figures(gguf, args.prompts, args.max_tokens, configs) if args.prompts else []
         )
