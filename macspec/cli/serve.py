@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -268,14 +267,25 @@ def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
 
 
 def served_names(resolved: ResolvedModels) -> tuple[str, tuple[str, ...]]:
-    """The model id the APIs list (a pair's name; a GGUF file's name without its folder and
-    `.gguf`, as Ollama lists it; else the name given) and the other names a request may use."""
+    """The model id the APIs list (a pair's name; a GGUF file's model name without its folder,
+    `.gguf` and split part's suffix, as Ollama lists it; else the name given) and the other names
+    a request may use (an Ollama store model's own name among them, with and without
+    `ollama:`); the Backend adds each one's `:latest` form."""
+    from macspec.models.stores import find
+    from macspec.models.stores.ollama import PREFIX, parse_name
+    from macspec.serve.model_names import gguf_name
+
     target = resolved.target_name
     if resolved.pair is not None:
         model_id = resolved.pair.name
     elif target.endswith(".gguf"):
-        model_id = Path(target).stem
+        model_id = gguf_name(target)
     else:
         model_id = target
     names = {target, display_name(target), str(resolved.target)}
+    stored = find(target) if resolved.pair is None else None
+    if stored is not None and stored.store == "ollama":
+        parsed = parse_name(target.removeprefix(PREFIX))
+        short = parsed.short if parsed is not None else target.removeprefix(PREFIX)
+        names |= {short, PREFIX + short}
     return model_id, tuple(sorted(names - {model_id}))
