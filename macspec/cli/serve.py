@@ -13,6 +13,12 @@ from macspec.cli.store_params import say_draft_choice, serve_defaults
 from macspec.models.catalog import ResolvedModels, resolve_models
 from macspec.models.hub import display_name
 
+NO_CHAT_ROUTES = (
+    "the model has no chat template: the chat routes (/v1/chat/completions, /v1/responses, "
+    "/v1/messages, /api/chat) refuse requests; /v1/completions and /api/generate work"
+)
+"""Serve's start-up warning for a base model (run's and chat's is NO_TEMPLATE)."""
+
 
 @app.command()
 def serve(
@@ -163,6 +169,7 @@ def serve_models(
     import signal
 
     from macspec.cli.gguf_notes import gguf_loading
+    from macspec.models.templates import has_chat_template
     from macspec.prefix.tier import attach_pair
     from macspec.serve.backend import Backend
     from macspec.serve.ranks import Leader, follow
@@ -197,6 +204,8 @@ def serve_models(
         leader.idle()
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
+    if not has_chat_template(loaded.tokenizer):  # said once here, not as a 400 per request
+        print(f"macspec: warning: {NO_CHAT_ROUTES}", file=sys.stderr)
     model_id, aliases = served_names(resolved)
     num_draft_tokens = draft_args[0]
     k = num_draft_tokens or (resolved.pair.draft_policy if resolved.pair is not None else "auto")
