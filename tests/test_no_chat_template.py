@@ -50,3 +50,14 @@ def test_each_chat_route_points_to_its_own_plain_text_route(base_pair):
             headers={"Authorization": "Bearer test-key"},
         )
         assert answered.status_code == 200 and answered.json()["done"]
+
+
+def test_serve_warns_at_start_up_which_routes_work(base_pair, capsys, monkeypatch):
+    started = []
+    monkeypatch.setattr("macspec.serve.server.run_server", lambda *a, **k: started.append(1))
+    assert main(["serve", "--model", str(base_pair[0]), "--no-draft", "--port", "0"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert started == [1] and len(warnings) == 1
+    assert warnings[0].startswith("macspec: warning: the model has no chat template")
+    assert "/v1/chat/completions" in warnings[0] and "/api/chat" in warnings[0]
+    assert "/v1/completions and /api/generate work" in warnings[0]

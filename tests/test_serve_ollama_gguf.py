@@ -4,6 +4,7 @@ the family `general.architecture` names, and the file's stem as the model's name
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,9 @@ from ggufkit import write_gguf
 
 from macspec.models import hub
 from macspec.models.loader import load_model
+from macspec.serve.backend import Backend
 from macspec.serve.errors import APIError
+from macspec.serve.model_names import accepted_names
 from macspec.serve.ollama_models import ServedModel
 
 Q4_1_FILE = 3
@@ -30,12 +33,13 @@ def served(tmp_path, name: str, kind: Q, meta: dict | None) -> ServedModel:
     folder = hub.local_model_path(str(path))
     model, _ = load_model(folder, "model")
     backend = SimpleNamespace(
-        model_id=str(path),
+        model_id=path.stem,
         context_length=4096,
-        aliases=frozenset({str(path), str(folder)}),
+        aliases=accepted_names(path.stem, (str(path), str(folder))),
+        any_model=False,
         engine=SimpleNamespace(target=SimpleNamespace(model=model)),
-        check_model=lambda name: (_ for _ in ()).throw(APIError(404, "no", "model")),
     )
+    backend.check_model = partial(Backend.check_model, backend)  # the names, as served
     return ServedModel(backend)
 
 

@@ -116,6 +116,7 @@ def _gguf_json(derived) -> dict:
         "files": [
             {
                 "name": d.name,
+                "store_names": list(d.store_names),
                 "file": str(d.file) if d.file is not None else None,
                 "file_exists": d.file_exists,
                 "folder": str(d.folder),
@@ -146,7 +147,8 @@ def _show_gguf(derived) -> None:
     for d in derived:
         name = d.name if d.file_exists else f"{d.name} (file gone)"
         where = str(d.file.parent) if d.file is not None else str(d.folder)
-        table.add_row(name, _size(d.converted_bytes), _size(d.bytes), _when(d.last_used), where)
+        converted = _size(d.converted_bytes) if d.converted_bytes else "-"  # read as it is
+        table.add_row(name, converted, _size(d.bytes), _when(d.last_used), where)
     _console().print(table)
     typer.echo(f"total {_size(sum(d.bytes for d in derived))}")
 
@@ -179,7 +181,8 @@ def clear(
         return
     models = [] if gguf else store.usage()
     chosen = [m for m in models if model in (m.name, m.folder.name)]
-    derived = [d for d in entries.derived_folders() if d.matches(model)]
+    files = entries.named_files(model)
+    derived = [d for d in entries.derived_folders() if d.matches(model, files)]
     if not chosen and not derived:
         known = sorted({m.name for m in models} | {d.name for d in entries.derived_folders()})
         where = "among converted GGUF files" if gguf else "in the prompt cache or converted GGUF"
@@ -188,4 +191,8 @@ def clear(
         freed = sum(store.clear(m.folder) for m in chosen)
         typer.echo(f"freed {_size(freed)} from {store.root}")
     if derived:
-        typer.echo(f"freed {_size(entries.remove(derived))} from {entries.gguf_root()}")
+        names = [d.name for d in derived]
+        if len(set(names)) < len(names):  # one file's older conversions: their paths differ
+            names = [str(d.file or d.folder) for d in derived]
+        which = f" ({', '.join(names)})" if len(derived) > 1 else ""
+        typer.echo(f"freed {_size(entries.remove(derived))} from {entries.gguf_root()}{which}")

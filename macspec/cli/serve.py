@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,6 +12,12 @@ from macspec.cli.app import app, fail
 from macspec.cli.store_params import say_draft_choice, serve_defaults
 from macspec.models.catalog import ResolvedModels, resolve_models
 from macspec.models.hub import display_name
+
+NO_CHAT_ROUTES = (
+    "the model has no chat template: the chat routes (/v1/chat/completions, /v1/responses, "
+    "/v1/messages, /api/chat) refuse requests; /v1/completions and /api/generate work"
+)
+"""Serve's start-up warning for a base model (run's and chat's is NO_TEMPLATE)."""
 
 
 @app.command()
@@ -164,6 +169,7 @@ def serve_models(
     import signal
 
     from macspec.cli.gguf_notes import gguf_loading
+    from macspec.models.templates import has_chat_template
     from macspec.prefix.tier import attach_pair
     from macspec.serve.backend import Backend
     from macspec.serve.ranks import Leader, follow
@@ -198,6 +204,8 @@ def serve_models(
         leader.idle()
     for warning in loaded.warnings:
         print(f"macspec: warning: {warning}", file=sys.stderr)
+    if not has_chat_template(loaded.tokenizer):  # said once here, not as a 400 per request
+        print(f"macspec: warning: {NO_CHAT_ROUTES}", file=sys.stderr)
     model_id, aliases = served_names(resolved)
     num_draft_tokens = draft_args[0]
     k = num_draft_tokens or (resolved.pair.draft_policy if resolved.pair is not None else "auto")
@@ -268,14 +276,25 @@ def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
 
 
 def served_names(resolved: ResolvedModels) -> tuple[str, tuple[str, ...]]:
-    """The model id the APIs list (a pair's name; a GGUF file's name without its folder and
-    `.gguf`, as Ollama lists it; else the name given) and the other names a request may use."""
+    """The model id the APIs list (a pair's name; a GGUF file's model name without its folder,
+    `.gguf` and split part's suffix, as Ollama lists it; else the name given) and the other names
+    a request may use (an Ollama store model's own name among them, with and without
+    `ollama:`); the Backend adds each one's `:latest` form."""
+    from macspec.models.stores import find
+    from macspec.models.stores.ollama import PREFIX, parse_name
+    from macspec.serve.model_names import gguf_name
+
     target = resolved.target_name
     if resolved.pair is not None:
         model_id = resolved.pair.name
     elif target.endswith(".gguf"):
-        model_id = Path(target).stem
+        model_id = gguf_name(target)
     else:
         model_id = target
     names = {target, display_name(target), str(resolved.target)}
+    stored = find(target) if resolved.pair is None else None
+    if stored is not None and stored.store == "ollama":
+        parsed = parse_name(target.removeprefix(PREFIX))
+        short = parsed.short if parsed is not None else target.removeprefix(PREFIX)
+        names |= {short, PREFIX + short}
     return model_id, tuple(sorted(names - {model_id}))

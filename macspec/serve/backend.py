@@ -21,6 +21,7 @@ from macspec.models.templates import encode_messages, encode_prompt, has_chat_te
 from macspec.models.tools import HARMONY, ToolFormat, template_messages, tool_format
 from macspec.serve.budget import ThinkingBudget
 from macspec.serve.errors import APIError
+from macspec.serve.model_names import accepted_names
 from macspec.serve.schema import CompletionRequest
 from macspec.serve.tool_grammar import forced_call_grammar
 from macspec.serve.turn import ChatTurn
@@ -102,7 +103,8 @@ class Backend:
         self.tokenizer = tokenizer
         self.model_id = model_id
         """The id /v1/models lists; requests must name it (or an alias)."""
-        self.aliases = frozenset((model_id, *aliases))
+        self.aliases = accepted_names(model_id, aliases)
+        """Every name any route lists or was given, tagged and not: each route accepts each."""
         self.context_length = context_length
         """Tokens the model attends to (prompt + answer); None: no limit enforced."""
         self.defaults = defaults if defaults is not None else Defaults()

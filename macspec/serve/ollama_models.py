@@ -21,6 +21,7 @@ from macspec.models.stores.describe import file_type_name
 from macspec.models.tools import HARMONY
 from macspec.serve.backend import Backend
 from macspec.serve.errors import APIError
+from macspec.serve.model_names import listed_name
 
 STARTED = datetime.now(timezone.utc)
 """When the server loaded its model: what `modified_at` says."""
@@ -39,11 +40,6 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def untagged(name: str) -> str:
-    """`model:latest` is `model` (Ollama's default tag)."""
-    return name.removesuffix(":latest")
-
-
 class ServedModel:
     """What Ollama's listings say about the backend's model (computed once)."""
 
@@ -53,18 +49,12 @@ class ServedModel:
     @property
     def name(self) -> str:
         """The name `/api/tags` lists, with a tag as Ollama's names have."""
-        model_id = self.backend.model_id.removeprefix("ollama:")
-        if model_id.endswith(".gguf"):  # a file given by path: Ollama's names have no folders
-            model_id = Path(model_id).stem
-        return model_id if ":" in model_id.rsplit("/", 1)[-1] else f"{model_id}:latest"
+        return listed_name(self.backend.model_id)
 
     def check(self, name: str) -> None:
         """Ollama's 404 for a model this server does not serve (any name with --any-model)."""
-        backend = self.backend
-        if untagged(name) in {untagged(a) for a in (*backend.aliases, self.name)}:
-            return
         try:
-            backend.check_model(name)
+            self.backend.check_model(name)
         except APIError:
             raise APIError(404, f"model '{name}' not found", "model") from None
 

@@ -8,8 +8,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from macspec.errors import MacspecError
 from macspec.models.gguf.folder import gguf_source
 from macspec.models.gguf.load import CONVERTED
+from macspec.models.gguf.split import part_paths
 from macspec.models.home import macspec_home
 
 
@@ -33,15 +35,58 @@ class DerivedFolder:
     last_used: float
     """When a load last used it (the folder's modification time, touched by each load)."""
 
+    store_names: tuple[str, ...] = ()
+    """The Ollama names whose model blob its file is (`smollm2:latest`), sorted; else none."""
+
     @property
     def name(self) -> str:
-        """The file's name ('model.gguf'), else the folder's."""
+        """The name a user knows it by: its Ollama name, else the file's name ('model.gguf'),
+        else the folder's."""
+        if self.store_names:
+            return self.store_names[0]
         return self.file.name if self.file is not None else self.folder.name
 
-    def matches(self, name: str) -> bool:
-        """Named by the file's name or path, or the folder's name or path."""
-        named = {self.folder.name, str(self.folder), self.name}
-        return name in named or (self.file is not None and name == str(self.file))
+    def matches(self, name: str, files: set[Path]) -> bool:
+        """Named by the name shown, an Ollama name, the file's or folder's name or path, or
+        any part's name of a split model; `files` are what `name` resolves to (`named_files`)."""
+        named = {self.folder.name, str(self.folder), self.name, *self.store_names}
+        if name in named:
+            return True
+        if self.file is None:
+            return False
+        parts = part_paths(self.file) or [self.file]
+        return name in {p.name for p in parts} or self.file.resolve() in files
+
+
+def named_files(name: str) -> set[Path]:
+    """The files `name` names, resolved: a store name's model file (`ollama:NAME[:TAG]`,
+    `NAME:TAG`, a bare Ollama `NAME`), else a path (relative ones too); every part of a split
+    model when one part is named."""
+    from macspec.models.stores import find
+
+    try:
+        found = find(name)
+    except MacspecError:  # not in a store: a path, or nothing known
+        found = None
+    path = (found.path if found is not None else Path(name).expanduser()).resolve()
+    return {p.resolve() for p in part_paths(path) or [path]}
+
+
+def ollama_blob_names() -> dict[Path, tuple[str, ...]]:
+    """Ollama's model blobs (resolved), each with the names `ollama list` shows for it."""
+    from macspec.models.stores import ollama
+
+    root = ollama.store_root()
+    if not root.is_dir():
+        return {}
+    found: dict[Path, list[str]] = {}
+    for name, manifest in ollama.manifests(root):
+        try:
+            blob = ollama.model_blob(ollama.read_manifest(manifest, name.short), root, name.short)
+        except MacspecError:  # a damaged or foreign manifest names no blob we list
+            continue
+        found.setdefault(blob.resolve(), []).append(name.short)
+    return {blob: tuple(sorted(names)) for blob, names in found.items()}
 
 
 def _size(path: Path) -> int:
@@ -56,6 +101,7 @@ def derived_folders() -> list[DerivedFolder]:
     root = gguf_root()
     if not root.is_dir():
         return []
+    blobs = ollama_blob_names()
     found = []
     for folder in root.iterdir():
         if folder.name.startswith(".") or not folder.is_dir():
@@ -70,6 +116,7 @@ def derived_folders() -> list[DerivedFolder]:
                 converted_bytes=_size(folder / CONVERTED),
                 bytes=sum(_size(p) for p in files),
                 last_used=folder.stat().st_mtime,
+                store_names=blobs.get(source.resolve(), ()) if source is not None else (),
             )
         )
     return sorted(found, key=lambda entry: -entry.last_used)
