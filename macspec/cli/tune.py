@@ -67,7 +67,7 @@ def tune(
         typer.Option(
             "--time-budget",
             metavar="DURATION",
-            help="Longest training may take, e.g. 90s, 10m, 1h30m (the answers and "
+            help="Longest training may take, e.g. 90s, 10m, 1h30m or 1h30 (the answers and "
             "measurements come on top); training stops sooner once the held-out loss stops "
             "improving.",
         ),

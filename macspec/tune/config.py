@@ -21,18 +21,21 @@ DEFAULT_TIME_BUDGET_S = 600.0
 """Ten minutes: the demo draft's held-out loss was still falling after that on a CPU, but
 a user waiting on a first run should see a result; --time-budget gives more."""
 
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)(s?))?")
 
 
 def parse_duration(text: str, option: str = "--time-budget") -> float:
-    """Seconds of '90', '90s', '10m', '1.5h' or '1h30m'; anything else, or zero, is the
+    """Seconds of '90', '90s', '10m', '1.5h', '1h30m', or '1h30' (a unitless number after hours
+    is minutes, as a clock reads it; after minutes, seconds); anything else, or zero, is the
     user's error."""
     match = _DURATION.fullmatch(text.strip().lower())
     if not text.strip() or match is None:
         raise MacspecError(
             f"{option} must be a duration such as 90s, 10m, 1h or 1h30m, got {text!r}"
         )
-    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    hours, minutes, seconds = (float(part or 0) for part in match.groups()[:3])
+    if match[1] and not match[2] and match[3] and not match[4]:  # '1h30': 1 h 30 min
+        minutes, seconds = seconds, 0.0
     total = hours * 3600 + minutes * 60 + seconds
     if not 0 < total < math.inf:
         raise MacspecError(f"{option} must be longer than 0 s, got {text!r}")
