@@ -42,6 +42,11 @@ def parse_duration(text: str, option: str = "--time-budget") -> float:
     return total
 
 
+def counted(count: int, noun: str) -> str:
+    """'1 step', '2 steps': a count and its noun, singular for one."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
+
+
 def format_duration(seconds: float) -> str:
     """'10 min', '1 h 30 min', '1 min 30 s', '45 s'."""
     minutes, rest = divmod(round(seconds), 60)
