@@ -24,6 +24,7 @@ from macspec.models import hub
 from macspec.models.catalog import ResolvedModels, resolve_models
 from macspec.models.drafters import drafter_kind
 from macspec.models.heads import read_config
+from macspec.models.home import check_folder_path
 from macspec.models.loader import LoadedModels, check_same_tokenizer, load_models
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
 from macspec.tune import save
@@ -94,6 +95,11 @@ def check(config: TuneConfig) -> _Plan:
     if config.learning_rate is not None and not 0 < config.learning_rate < math.inf:
         raise MacspecError(
             f"--learning-rate must be a finite number > 0, got {config.learning_rate}"
+        )
+
+    if config.cache or config.register is not None:  # said now, not after the answers
+        check_folder_path(
+            default_cache_path().parent, "the tune answers' folder", "set MACSPEC_HOME elsewhere"
         )
 
     # The models and --out first: those errors hold whatever the prompts are.
