@@ -85,7 +85,8 @@ def tune(
         typer.Option(
             "--patience",
             help="Stop after this many checks in a row without a lower held-out loss (not "
-            "before two passes over the answers, or --steps if fewer).",
+            "before two passes over the answers, at least 10 steps and at most 1000, or "
+            "--steps if fewer).",
         ),
     ] = 5,
     lora_rank: Annotated[

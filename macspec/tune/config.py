@@ -47,6 +47,32 @@ def counted(count: int, noun: str) -> str:
     return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
 
 
+FLOOR_LEAST, FLOOR_MOST = 10, 1000
+"""The bounds of the step before which the held-out loss stops nothing."""
+
+
+def held_out_floor(examples: int, batch_size: int, cap: int | None) -> tuple[int, str]:
+    """The step before which the held-out loss stops nothing, and why that one: two passes
+    over the answers (tune's fixed length before it had a held-out loss: the stock demo
+    draft's rose for 30 steps, then fell), but at least FLOOR_LEAST steps and at most
+    FLOOR_MOST, and never past --steps."""
+    passes = math.ceil(2 * examples / min(batch_size, examples))
+    floor = min(FLOOR_MOST, max(FLOOR_LEAST, passes))
+    if cap is not None and cap < floor:
+        return cap, "--steps"
+    if passes < FLOOR_LEAST:
+        return (
+            floor,
+            f"at least {FLOOR_LEAST} steps, though two passes over the answers take {passes}",
+        )
+    if passes > FLOOR_MOST:
+        return (
+            floor,
+            f"at most {FLOOR_MOST} steps, though two passes over the answers take {passes}",
+        )
+    return floor, "two passes over the answers"
+
+
 def format_duration(seconds: float) -> str:
     """'10 min', '1 h 30 min', '1 min 30 s', '45 s'."""
     minutes, rest = divmod(round(seconds), 60)

@@ -37,6 +37,7 @@ from macspec.tune.config import (
     TuneResult,
     counted,
     format_duration,
+    held_out_floor,
 )
 from macspec.tune.loop import fine_tune
 from macspec.tune.measure import Measurement, measure
@@ -203,7 +204,9 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
         + (f", KL weight {settings.kl_weight:g}" if settings.kl_weight else "")
         + f"; until the held-out loss stops improving (checked every "
         f"{counted(settings.eval_every, 'step')}, {counted(settings.patience, 'check')} without "
-        f"a gain, not before step {settings.min_steps}) or the time budget of "
+        f"a gain, not before step {settings.min_steps}: "
+        f"{held_out_floor(len(examples), settings.batch_size, settings.max_steps)[1]}) or the "
+        "time budget of "
         f"{format_duration(settings.time_budget_s)} runs out (checked between steps); the best "
         "weights are kept"
     )
@@ -309,16 +312,13 @@ def _settings(config: TuneConfig, examples: int, held_out: int, parameters: int)
     # A check's forward passes over the held-out batches cost about a third of as many
     # training steps each: every 3 x that many steps keeps checks near a tenth of the time.
     eval_every = config.eval_every or max(5, 3 * math.ceil(held_out / config.batch_size))
-    # No stop by the held-out loss before two passes over the answers (tune's fixed length
-    # before it had one): the stock demo draft's held-out loss rose for 30 steps, then fell.
-    two_passes = min(1000, max(10, math.ceil(2 * examples / min(config.batch_size, examples))))
     default_lr = 5e-4 if full else 2e-4
     return TrainSettings(
         time_budget_s=config.time_budget_s,
         max_steps=config.steps,
         eval_every=eval_every,
         patience=config.patience,
-        min_steps=min(two_passes, config.steps or two_passes),
+        min_steps=held_out_floor(examples, config.batch_size, config.steps)[0],
         batch_size=config.batch_size,
         learning_rate=config.learning_rate or default_lr,
         lora_rank=None if full else config.lora_rank,
