@@ -239,7 +239,7 @@ def _bad_files(root):
     write_gguf(random_model(config, seed=0), config, root / "good.gguf")  # a target for drafts
     return {
         "cut-data.gguf": "truncated",
-        "cut-header.gguf": "truncated or damaged GGUF header",
+        "cut-header.gguf": "truncated GGUF header (the file ends at byte 200; an incomplete",
         "magic.gguf": "not a GGUF file",
         "version.gguf": "GGUF version 4",
         "folder.gguf": "a folder, not a .gguf file",

@@ -67,9 +67,9 @@ def tune(
         typer.Option(
             "--time-budget",
             metavar="DURATION",
-            help="Longest training may take, e.g. 90s, 10m, 1h30m (the answers and "
-            "measurements come on top); training stops sooner once the held-out loss stops "
-            "improving.",
+            help="Longest training may take, e.g. 90s, 10m, 1h30m or 1h30 (the answers and "
+            "measurements come on top; checked between steps, so a slow step can end past it); "
+            "training stops sooner once the held-out loss stops improving.",
         ),
     ] = "10m",
     eval_every: Annotated[
@@ -85,7 +85,8 @@ def tune(
         typer.Option(
             "--patience",
             help="Stop after this many checks in a row without a lower held-out loss (not "
-            "before two passes over the answers, or --steps if fewer).",
+            "before two passes over the answers, at least 10 steps and at most 1000, or "
+            "--steps if fewer).",
         ),
     ] = 5,
     lora_rank: Annotated[
@@ -196,8 +197,8 @@ def tune(
     if full and lora_rank is not None:
         fail("--full and --lora-rank contradict each other; pass one")
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
-    from macspec.cli.tune_view import curve_lines, stop_line
-    from macspec.tune.config import format_duration, parse_duration
+    from macspec.cli.tune_view import budget_overrun, curve_lines, stop_line
+    from macspec.tune.config import counted, format_duration, parse_duration
     from macspec.tune.run import TuneConfig, iter_lines
     from macspec.tune.run import tune as run_tune
 
@@ -245,9 +246,11 @@ def tune(
     if result.identical is not None:
         same = "yes" if result.identical else "NO (a bug: please report it)"
         print(f"greedy outputs the same with either draft: {same}")
+    overrun = budget_overrun(result.training, result.time_budget_s) if result.training else ""
     print(
-        f"training: {result.method}, {result.steps} steps, {format_duration(result.train_s)} "
-        f"of a {format_duration(result.time_budget_s)} budget; peak memory "
+        f"training: {result.method}, {counted(result.steps, 'step')}, "
+        f"{format_duration(result.train_s)} of a {format_duration(result.time_budget_s)} budget"
+        f"{overrun}; peak memory "
         f"{result.peak_memory_bytes / 1e6:.0f} MB (MLX), {result.max_rss_bytes / 1e6:.0f} MB "
         "(process)"
     )

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from macspec.tune.config import format_duration
+from macspec.tune.config import counted, format_duration
 from macspec.tune.loop import BUDGET, HELD_OUT, Check, Step, TrainRecord
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -90,11 +90,12 @@ def curve_lines(record: TrainRecord) -> Iterator[str]:
     held = [c.held_out_loss for c in drawn]
     known = [v for v in train + held if v is not None and math.isfinite(v)]
     if not known:  # a loss that is NaN throughout: nothing to draw a scale from
-        yield f"loss curve: no finite loss in {len(checks)} checks"
+        yield f"loss curve: no finite loss in {counted(len(checks), 'check')}"
         return
     low, high = min(known), max(known)
-    every = f"every {checks[1].step - checks[0].step} steps" if len(checks) > 2 else "at the ends"
-    yield f"loss curve ({len(checks)} checks, {every}; ▁ {low:.2f} .. █ {high:.2f}):"
+    every = f"every {counted(checks[1].step - checks[0].step, 'step')}"
+    every = every if len(checks) > 2 else "at the ends"
+    yield f"loss curve ({counted(len(checks), 'check')}, {every}; ▁ {low:.2f} .. █ {high:.2f}):"
     first_train = next((v for v in train if v is not None), None)
     ends = f"{first_train:.2f} -> {train[-1]:.2f}" if first_train is not None else ""
     yield f"  {'train':10}{sparkline(train, low, high)}  {ends}"
@@ -113,7 +114,8 @@ def stop_line(record: TrainRecord, budget_s: float) -> str:
     if record.still_improving:
         what = f"the time budget ({budget})" if record.stopped_by == BUDGET else "--steps"
         return (
-            f"training: still improving when {what} ran out, after {record.steps} steps: "
+            f"training: still improving when {what} ran out, after "
+            f"{counted(record.steps, 'step')}: "
             f"the last check had the lowest held-out loss; {kept}; a longer "
             f"{'--time-budget' if record.stopped_by == BUDGET else '--steps'} would likely "
             "help further"
@@ -122,10 +124,25 @@ def stop_line(record: TrainRecord, budget_s: float) -> str:
         since = record.steps - record.best_step
         return (
             f"training: stopped at step {record.steps}: the held-out loss had not improved "
-            f"in {since} steps; {kept}"
+            f"in {counted(since, 'step')}; {kept}"
         )
     what = f"the time budget ({budget})" if record.stopped_by == BUDGET else "--steps"
     return (
-        f"training: {what} ran out after {record.steps} steps, the held-out loss no longer "
-        f"improving; {kept}"
+        f"training: {what} ran out after {counted(record.steps, 'step')}, the held-out loss "
+        f"no longer improving; {kept}"
     )
+
+
+def budget_overrun(record: TrainRecord, budget_s: float) -> str:
+    """Why training took longer than its budget, if it did: the budget is checked between
+    steps and held-out checks, so the last one ends past it; when one alone outran the whole
+    budget, that one, and how long it took."""
+    if record.train_s <= budget_s:
+        return ""
+    budget = format_duration(budget_s)
+    if record.slowest_s > budget_s:
+        return (
+            f" (the budget is checked between steps: one {record.slowest} took "
+            f"{format_duration(record.slowest_s)}, longer than the {budget} budget)"
+        )
+    return " (the budget is checked between steps: the last step or check ended past it)"

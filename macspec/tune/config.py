@@ -21,22 +21,56 @@ DEFAULT_TIME_BUDGET_S = 600.0
 """Ten minutes: the demo draft's held-out loss was still falling after that on a CPU, but
 a user waiting on a first run should see a result; --time-budget gives more."""
 
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)(s?))?")
 
 
 def parse_duration(text: str, option: str = "--time-budget") -> float:
-    """Seconds of '90', '90s', '10m', '1.5h' or '1h30m'; anything else, or zero, is the
+    """Seconds of '90', '90s', '10m', '1.5h', '1h30m', or '1h30' (a unitless number after hours
+    is minutes, as a clock reads it; after minutes, seconds); anything else, or zero, is the
     user's error."""
     match = _DURATION.fullmatch(text.strip().lower())
     if not text.strip() or match is None:
         raise MacspecError(
             f"{option} must be a duration such as 90s, 10m, 1h or 1h30m, got {text!r}"
         )
-    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    hours, minutes, seconds = (float(part or 0) for part in match.groups()[:3])
+    if match[1] and not match[2] and match[3] and not match[4]:  # '1h30': 1 h 30 min
+        minutes, seconds = seconds, 0.0
     total = hours * 3600 + minutes * 60 + seconds
     if not 0 < total < math.inf:
         raise MacspecError(f"{option} must be longer than 0 s, got {text!r}")
     return total
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 step', '2 steps': a count and its noun, singular for one."""
+    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
+
+
+FLOOR_LEAST, FLOOR_MOST = 10, 1000
+"""The bounds of the step before which the held-out loss stops nothing."""
+
+
+def held_out_floor(examples: int, batch_size: int, cap: int | None) -> tuple[int, str]:
+    """The step before which the held-out loss stops nothing, and why that one: two passes
+    over the answers (tune's fixed length before it had a held-out loss: the stock demo
+    draft's rose for 30 steps, then fell), but at least FLOOR_LEAST steps and at most
+    FLOOR_MOST, and never past --steps."""
+    passes = math.ceil(2 * examples / min(batch_size, examples))
+    floor = min(FLOOR_MOST, max(FLOOR_LEAST, passes))
+    if cap is not None and cap < floor:
+        return cap, "--steps"
+    if passes < FLOOR_LEAST:
+        return (
+            floor,
+            f"at least {FLOOR_LEAST} steps, though two passes over the answers take {passes}",
+        )
+    if passes > FLOOR_MOST:
+        return (
+            floor,
+            f"at most {FLOOR_MOST} steps, though two passes over the answers take {passes}",
+        )
+    return floor, "two passes over the answers"
 
 
 def format_duration(seconds: float) -> str:

@@ -70,6 +70,16 @@ class TrainRecord:
     stopped_by: str = BUDGET
     """BUDGET, STEP_CAP or HELD_OUT."""
     train_s: float = 0.0
+    slowest_s: float = 0.0
+    """The longest one step or one held-out check took: the budget is checked between them,
+    so training can end this much past it."""
+    slowest: str = "step"
+    """Which that was: 'step' or 'held-out check'."""
+
+    def timed(self, what: str, seconds: float) -> None:
+        """One step's or check's time, kept if the slowest yet."""
+        if seconds > self.slowest_s:
+            self.slowest_s, self.slowest = seconds, what
 
     @property
     def still_improving(self) -> bool:
@@ -84,6 +94,8 @@ class TrainRecord:
             "stopped_by": self.stopped_by,
             "still_improving": self.still_improving,
             "train_s": round(self.train_s, 1),
+            "slowest_s": round(self.slowest_s, 1),
+            "slowest": self.slowest,
             "curve": [
                 {"step": c.step, "train_loss": c.train_loss, "held_out_loss": c.held_out_loss}
                 for c in self.checks
@@ -133,7 +145,9 @@ def fine_tune(
 
     def check(steps: int) -> None:
         nonlocal best_weights, since_best
+        before = clock()
         value = held_out_loss()
+        record.timed("held-out check", clock() - before)
         # A gain under a thousandth of the loss is noise, not learning.
         better = value < record.best_loss - 1e-3 * abs(record.best_loss)
         if better or not record.checks:
@@ -167,11 +181,14 @@ def fine_tune(
                 break
             if clock() - started >= settings.time_budget_s:
                 break
+            before = clock()
             value, _ = step(next(stream))
             mx.eval(state, value)
+            now = clock()
+            record.timed("step", now - before)
             record.steps += 1
             losses.append(value.item())
-            report(Step(record.steps, losses[-1], clock() - started))
+            report(Step(record.steps, losses[-1], now - started))
             if record.steps % settings.eval_every == 0:
                 check(record.steps)
                 if since_best >= settings.patience and record.steps >= settings.min_steps:

@@ -24,12 +24,21 @@ from macspec.models import hub
 from macspec.models.catalog import ResolvedModels, resolve_models
 from macspec.models.drafters import drafter_kind
 from macspec.models.heads import read_config
+from macspec.models.home import check_folder_path
 from macspec.models.loader import LoadedModels, check_same_tokenizer, load_models
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
 from macspec.tune import save
 from macspec.tune.answers import add_target_logprobs, generate_answers
 from macspec.tune.cache import AnswerCache, default_cache_path, target_identity
-from macspec.tune.config import QuietReporter, Reporter, TuneConfig, TuneResult, format_duration
+from macspec.tune.config import (
+    QuietReporter,
+    Reporter,
+    TuneConfig,
+    TuneResult,
+    counted,
+    format_duration,
+    held_out_floor,
+)
 from macspec.tune.loop import fine_tune
 from macspec.tune.measure import Measurement, measure
 from macspec.tune.prompts import TunePrompt, read_history, read_prompts, split_held_out
@@ -89,6 +98,11 @@ def check(config: TuneConfig) -> _Plan:
             f"--learning-rate must be a finite number > 0, got {config.learning_rate}"
         )
 
+    if config.cache or config.register is not None:  # said now, not after the answers
+        check_folder_path(
+            default_cache_path().parent, "the tune answers' folder", "set MACSPEC_HOME elsewhere"
+        )
+
     # The models and --out first: those errors hold whatever the prompts are.
     resolved = resolve_models(config.pair, config.model, config.draft_model)
     if resolved.draft is None:
@@ -110,15 +124,16 @@ def check(config: TuneConfig) -> _Plan:
                 f"--from-history: no stored conversations in {database} "
                 "(chat with `macspec chat` first, or pass --prompts FILE)"
             )
-        notes.append(f"history: {conversations} conversations, {len(prompts)} prompts")
+        notes.append(
+            f"history: {counted(conversations, 'conversation')}, {counted(len(prompts), 'prompt')}"
+        )
     if config.held_out is not None:
         held_out = read_prompts(config.held_out, "--held-out")
         keep = {p.messages for p in held_out}
         train = [p for p in prompts if p.messages not in keep]  # never train on held-out ones
         if len(train) < len(prompts):
             repeated = len(prompts) - len(train)
-            noun = "prompt" if repeated == 1 else "prompts"
-            notes.append(f"{repeated} {noun} also in --held-out: not trained on")
+            notes.append(f"{counted(repeated, 'prompt')} also in --held-out: not trained on")
         if not train:
             raise MacspecError("no prompts left to train on: all of them are in --held-out")
     else:
@@ -150,7 +165,7 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
     train_ids = [encode(tokenizer, p) for p in plan.train]
     held_ids = [encode(tokenizer, p) for p in plan.held_out]
     reporter.note(
-        f"{len(train_ids)} prompts to train on, {len(held_ids)} held out "
+        f"{counted(len(train_ids), 'prompt')} to train on, {len(held_ids)} held out "
         f"({'--held-out' if config.held_out else 'a split never trained on'})"
     )
 
@@ -181,16 +196,19 @@ def tune(config: TuneConfig, reporter: Reporter | None = None) -> TuneResult:
     precision = prepare(loaded.draft, settings)
     trainable = trainable_parameters(loaded.draft)
     method = "full fine-tuning" if settings.full else f"LoRA rank {settings.lora_rank}"
-    cap = f"at most {settings.max_steps} steps" if settings.max_steps else "steps"
+    cap = f"at most {counted(settings.max_steps, 'step')}" if settings.max_steps else "steps"
     reporter.note(
         f"training: {method}{_method_reason(config, parameters)}, {trainable:,} trainable "
         f"parameters, {cap} of batches of {min(settings.batch_size, len(examples))}, learning rate "
         f"{settings.learning_rate:g}"
         + (f", KL weight {settings.kl_weight:g}" if settings.kl_weight else "")
-        + f"; until the held-out loss stops improving (checked every {settings.eval_every} "
-        f"steps, {settings.patience} checks without a gain, not before step "
-        f"{settings.min_steps}) or the time budget of "
-        f"{format_duration(settings.time_budget_s)} runs out; the best weights are kept"
+        + f"; until the held-out loss stops improving (checked every "
+        f"{counted(settings.eval_every, 'step')}, {counted(settings.patience, 'check')} without "
+        f"a gain, not before step {settings.min_steps}: "
+        f"{held_out_floor(len(examples), settings.batch_size, settings.max_steps)[1]}) or the "
+        "time budget of "
+        f"{format_duration(settings.time_budget_s)} runs out (checked between steps); the best "
+        "weights are kept"
     )
     with save.staging(config.out, config.force) as folder:
         started = time.perf_counter()
@@ -277,7 +295,8 @@ def _answers(
     reused = sum(from_cache)
     kept = f", {reused} kept from an earlier run" if reused else ""
     where = f" (cache: {cache.path}{kept})" if cache is not None and not cache.problem else ""
-    reporter.note(f"{len(examples)} {which}answers, {answer_tokens:,} tokens{where}")
+    answers, tokens = counted(len(examples), f"{which}answer"), counted(answer_tokens, "token")
+    reporter.note(f"{answers}, {tokens}{where}")
     if config.kl_weight > 0:
         task = f"the target's log-probabilities on the {which}answers"
         with reporter.task(task, len(examples)) as advance:
@@ -293,16 +312,13 @@ def _settings(config: TuneConfig, examples: int, held_out: int, parameters: int)
     # A check's forward passes over the held-out batches cost about a third of as many
     # training steps each: every 3 x that many steps keeps checks near a tenth of the time.
     eval_every = config.eval_every or max(5, 3 * math.ceil(held_out / config.batch_size))
-    # No stop by the held-out loss before two passes over the answers (tune's fixed length
-    # before it had one): the stock demo draft's held-out loss rose for 30 steps, then fell.
-    two_passes = min(1000, max(10, math.ceil(2 * examples / min(config.batch_size, examples))))
     default_lr = 5e-4 if full else 2e-4
     return TrainSettings(
         time_budget_s=config.time_budget_s,
         max_steps=config.steps,
         eval_every=eval_every,
         patience=config.patience,
-        min_steps=min(two_passes, config.steps or two_passes),
+        min_steps=held_out_floor(examples, config.batch_size, config.steps)[0],
         batch_size=config.batch_size,
         learning_rate=config.learning_rate or default_lr,
         lora_rank=None if full else config.lora_rank,

@@ -182,8 +182,12 @@ def read_header(path: Path, strings: bool = True, listing: bool = False) -> GGUF
                 return _parse(path, data, version, size, strings, listing)
     except OSError as exc:
         raise MacspecError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    except (struct.error, ValueError, UnicodeDecodeError, OverflowError) as exc:
-        raise MacspecError(f"{path}: truncated or damaged GGUF header ({exc})") from None
+    except struct.error:  # a value, string or array runs past the file's end
+        raise MacspecError(
+            f"{path}: truncated GGUF header (the file ends at byte {size}; an incomplete download?)"
+        ) from None
+    except (ValueError, UnicodeDecodeError, OverflowError) as exc:
+        raise MacspecError(f"{path}: damaged GGUF header ({exc})") from None
 
 
 def _parse(

@@ -82,6 +82,7 @@ def read_model_header(path: Path, strings: bool = True) -> GGUFHeader:
     count = len(paths)
     parts = []
     tensors: dict[str, TensorEntry] = {}
+    holder: dict[str, int] = {}  # each tensor's part number
     for i, part_path in enumerate(paths):
         part = named if part_path == path else read_header(part_path, strings)
         no, total = part.metadata.get(SPLIT_NO), part.metadata.get(SPLIT_COUNT)
@@ -91,9 +92,13 @@ def read_model_header(path: Path, strings: bool = True) -> GGUFHeader:
                 f"{no}, split.count {total}); a part of another model or download?"
             )
         for name, entry in part.tensors.items():
-            if name in tensors:
-                raise MacspecError(f"{part_path}: tensor {name} is in an earlier part too")
-            tensors[name] = entry
+            if name in tensors:  # parts split at other tensors: another download's
+                raise MacspecError(
+                    f"{part_path}: part {i + 1} of {count} of another model or download than "
+                    f"{paths[0].name} (its tensor {name} is in part {holder[name]} too); "
+                    "download the parts again together"
+                )
+            tensors[name], holder[name] = entry, i + 1
         parts.append(part)
     first = parts[0]
     expected = first.metadata.get(SPLIT_TENSORS)

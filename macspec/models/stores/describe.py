@@ -30,7 +30,8 @@ class Description:
     context_length: int | None
     """The context window the model was trained for."""
     memory: MemoryEstimate | None
-    """Weights plus a KV cache at the full context, against this machine's memory."""
+    """Weights (a GGUF's as converted, what `run` checks) plus a KV cache at the full context,
+    against this machine's memory."""
     tokenizer: str | None
     """The tokenizer fingerprint: a hash of the vocabulary and merges (see `header`)."""
     vocab_size: int | None = None
@@ -68,9 +69,9 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         "head_dim": _int(header.arch_value("attention.key_length")),
         "hidden_size": header.arch_value("embedding_length"),
         "sliding_window": _int(header.arch_value("attention.sliding_window")),
-        "torch_dtype": _compute_dtype(path),  # the KV cache's values: 2 bytes or 4
     }
-    memory = estimate(size, [config], context) if context else None
+    resident, config["torch_dtype"] = _converted(path, size)  # KV values: 2 bytes or 4
+    memory = estimate(resident, [config], context) if context else None
     return Description(
         "gguf",
         size,
@@ -83,17 +84,20 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     )
 
 
-def _compute_dtype(path: Path) -> str | None:
-    """The dtype a GGUF's converted model computes in, from its tensor table; None (the usual
+def _converted(path: Path, size: int) -> tuple[int, str | None]:
+    """The GGUF's weights in memory once converted (what `run` refuses a model by:
+    `tensors.resident_bytes`) and the dtype it computes in, from its tensor table (names,
+    shapes and types, no vocabulary: milliseconds); the file's size and None (the usual
     float16) when the table cannot be read: the listing says why elsewhere."""
     from macspec.errors import MacspecError
-    from macspec.models.gguf.header import read_header as read_tensor_table
-    from macspec.models.gguf.tensors import compute_dtype
+    from macspec.models.gguf.split import read_model_header
+    from macspec.models.gguf.tensors import compute_dtype, resident_bytes
 
     try:
-        return compute_dtype(read_tensor_table(path, strings=False))
+        header = read_model_header(path, strings=False)
     except MacspecError:
-        return None
+        return size, None
+    return resident_bytes(header), compute_dtype(header)
 
 
 def describe_mlx(folder: Path) -> Description:

@@ -1,0 +1,47 @@
+"""`macspec models --local` counts a GGUF's weights as `run` does: at their size once converted
+(`tensors.resident_bytes`), not the file's, so the listing never says a model fits that `run`
+then refuses for memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gguf import GGMLQuantizationType as Q
+from ggufkit import tiny_gguf
+
+from macspec.errors import MacspecError
+from macspec.models import memory
+from macspec.models.gguf.load import check_memory
+from macspec.models.gguf.split import read_model_header
+from macspec.models.gguf.tensors import resident_bytes
+from macspec.models.stores.describe import describe_gguf
+
+
+def test_the_listing_and_the_refusal_count_the_same_converted_weights(tmp_path: Path, monkeypatch):
+    # Q5_0 is read through kquants as K-quants are: float32 scales, more than the file holds
+    path = tiny_gguf(tmp_path, Q.Q5_0)
+    header = read_model_header(path, strings=False)
+    converted = resident_bytes(header)
+    assert converted > header.size
+    listed = describe_gguf(path)
+    assert listed.size_bytes == header.size  # the size column is still the file's
+    assert listed.memory.weights_bytes == converted
+    kv = listed.memory.kv_cache_bytes
+    # a machine whose memory the file's bytes plus the KV cache fit, the converted ones not
+    limit = converted + kv - 1
+    assert header.size + kv <= limit
+    monkeypatch.setattr(memory, "usable_memory_bytes", lambda: limit)
+    assert describe_gguf(path).memory.fits is False
+    monkeypatch.setattr(memory, "usable_memory_bytes", lambda: converted - 1)
+    with pytest.raises(MacspecError, match="once converted"):
+        check_memory(header)
+
+
+def test_a_file_whose_tensor_table_is_cut_is_listed_at_its_file_size(tmp_path: Path):
+    path = tiny_gguf(tmp_path, Q.Q4_1)
+    full = read_model_header(path, strings=False)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[: full.data_start - 8])  # metadata whole, table not
+    listed = describe_gguf(cut)
+    assert listed.memory.weights_bytes == cut.stat().st_size
