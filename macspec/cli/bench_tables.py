@@ -11,6 +11,7 @@ from rich.table import Table
 from macspec.bench.figures import MACSPEC, ConfigSummary, Spread
 from macspec.bench.lossless import LosslessSummary
 from macspec.bench.report import HOW_COUNTED, Report
+from macspec.text import counted
 
 SHARDED_NOTE = (
     "mlx-lm's rows are left out: its decoding does not run on a target sharded over ranks; "
@@ -213,7 +214,7 @@ def render(rep: Report, console: Console) -> None:
     console.print(
         f"[bold]macspec bench[/]: {rep.models['target']} with draft {rep.models['draft']}"
         f" (macspec drafts by {', '.join((s.draft_source, *s.more_sources))}); "
-        f"{plural(len(rep.prompts), 'prompt')} x {plural(s.repeats, 'repeat')}, "
+        f"{counted(len(rep.prompts), 'prompt')} x {counted(s.repeats, 'repeat')}, "
         f"max {s.max_tokens} tokens, "
         f"T=0 and T={s.temperature:g}; {result.seconds:.0f} s"
         + (f"; the target sharded over {s.ranks} ranks" if s.ranks > 1 else ""),
@@ -353,7 +354,3 @@ def sharded_lines(rep: Report) -> list[str]:
             + ", ".join(f"{r.config.name} {r.tokens_per_pass:.2f}" for r in rows)
         )
     return lines
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -198,7 +198,8 @@ def tune(
         fail("--full and --lora-rank contradict each other; pass one")
     # MLX and mlx-lm load here, not at import: `macspec --help` stays instant.
     from macspec.cli.tune_view import budget_overrun, curve_lines, stop_line
-    from macspec.tune.config import counted, format_duration, parse_duration
+    from macspec.text import counted
+    from macspec.tune.config import format_duration, parse_duration
     from macspec.tune.run import TuneConfig, iter_lines
     from macspec.tune.run import tune as run_tune
 

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from macspec.tune.config import counted, format_duration
+from macspec.text import counted
+from macspec.tune.config import format_duration
 from macspec.tune.loop import BUDGET, HELD_OUT, Check, Step, TrainRecord
 
 BARS = "▁▂▃▄▅▆▇█"

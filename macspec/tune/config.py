@@ -42,11 +42,6 @@ def parse_duration(text: str, option: str = "--time-budget") -> float:
     return total
 
 
-def counted(count: int, noun: str) -> str:
-    """'1 step', '2 steps': a count and its noun, singular for one."""
-    return f"{count:,} {noun}" if count == 1 else f"{count:,} {noun}s"
-
-
 FLOOR_LEAST, FLOOR_MOST = 10, 1000
 """The bounds of the step before which the held-out loss stops nothing."""
 

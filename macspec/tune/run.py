@@ -27,6 +27,7 @@ from macspec.models.heads import read_config
 from macspec.models.home import check_folder_path
 from macspec.models.loader import LoadedModels, check_same_tokenizer, load_models
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
+from macspec.text import counted
 from macspec.tune import save
 from macspec.tune.answers import add_target_logprobs, generate_answers
 from macspec.tune.cache import AnswerCache, default_cache_path, target_identity
@@ -35,7 +36,6 @@ from macspec.tune.config import (
     Reporter,
     TuneConfig,
     TuneResult,
-    counted,
     format_duration,
     held_out_floor,
 )
