@@ -150,6 +150,9 @@ def test_the_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, terminal):
             load_gguf_model(folder)
         drawn = f"converting {path.name}" in err.getvalue()
         assert drawn == (terminal and which == "first"), which
+        # Once every tensor is converted, the bar says what the wait left is for.
+        writing = f"{path.name}: writing the converted cache" in err.getvalue()
+        assert writing == drawn, which
         said = f"macspec: {path.name}: " in err.getvalue()
         assert said == (which == "first")
 

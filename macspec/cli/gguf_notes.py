@@ -55,15 +55,17 @@ class ConversionBar:
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
             self.progress = Progress(
-                TextColumn("converting {task.description}"),
+                TextColumn("{task.description}"),
                 BarColumn(),
                 DownloadColumn(),
                 console=Console(stderr=True),
                 transient=True,
             )
             self.progress.start()
-            self.task = self.progress.add_task(name, total=total)
-        self.progress.update(self.task, completed=done, total=total, description=name)
+            self.task = self.progress.add_task(f"converting {name}", total=total)
+        # Read and converted: what is left (seconds for a big file) is writing the cache.
+        what = f"converting {name}" if done < total else f"{name}: writing the converted cache"
+        self.progress.update(self.task, completed=done, total=total, description=what)
 
     def stop(self) -> None:
         if self.progress is not None:
