@@ -6,10 +6,7 @@ from __future__ import annotations
 import io
 import os
 import sys
-import threading
 from typing import NoReturn
-
-from rich.console import Console
 
 from macspec.cli.app import fail
 from macspec.errors import QuietExit
@@ -86,39 +83,3 @@ def stdout_failed(failure: StdoutFailed) -> NoReturn:
     if isinstance(failure.error, BrokenPipeError):
         raise QuietExit(0)
     fail(f"cannot write the answer to stdout ({failure.error.strerror or failure.error})")
-
-
-class PrefillNotice:
-    """'reading the prompt: N ids…' on a terminal's stderr while a long prompt is prefilled
-    (minutes on a CPU), from `delay_s` after it starts until the first token: shown only when
-    the wait is long enough to wonder about, and gone when the answer starts."""
-
-    def __init__(self, console: Console | None = None, delay_s: float = 1.0):
-        self.console = console if console is not None else Console(stderr=True)
-        self.delay_s = delay_s
-        self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
-        self._status = None
-
-    def start(self, fresh_ids: int) -> None:
-        if not self.console.is_terminal or fresh_ids < 1:
-            return
-        text = f"reading the prompt: {fresh_ids:,} ids…"
-        self._timer = threading.Timer(self.delay_s, self._show, (text,))
-        self._timer.daemon = True
-        self._timer.start()
-
-    def _show(self, text: str) -> None:
-        with self._lock:
-            if self._timer is not None:  # not stopped meanwhile
-                self._status = self.console.status(text)
-                self._status.start()
-
-    def stop(self) -> None:
-        with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            if self._status is not None:
-                self._status.stop()
-                self._status = None

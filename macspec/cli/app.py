@@ -114,8 +114,12 @@ def run_main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USER_ERROR
     command = typer.main.get_command(app)
     readable_metavars(command)
+    from macspec.cli.notice import deriving_notice
+    from macspec.models.gguf.report import announce_derivations
+
     try:
-        result = command.main(args=args, prog_name="macspec", standalone_mode=False)
+        with announce_derivations(deriving_notice):
+            result = command.main(args=args, prog_name="macspec", standalone_mode=False)
     except QuietExit as exc:
         return exc.code
     except MacspecError as exc:

@@ -12,13 +12,13 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.answer_output import (
-    PrefillNotice,
     ReasoningWriter,
     StdoutFailed,
     silence_stdout,
     stdout_failed,
 )
 from macspec.cli.app import app, fail
+from macspec.cli.notice import DelayedNotice
 from macspec.cli.store_params import say_draft_choice, with_store_params
 from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
 from macspec.models.catalog import context_length, resolve_models
@@ -187,12 +187,14 @@ def answer(
     done: Done | None = None
     tally = Tally(len(prompt_ids))
     events = generate(engine, prompt_ids, config)  # from the longest prefix cached on disk
-    notice = PrefillNotice()
+    notice = DelayedNotice()  # 'reading the prompt' while a long one is prefilled
     try:
         for event in events:
             tally.add(event)
             if isinstance(event, Prefill):
-                notice.start(event.prompt_tokens - event.cached_tokens)
+                if event.prompt_tokens > event.cached_tokens:
+                    fresh = event.prompt_tokens - event.cached_tokens
+                    notice.start(f"reading the prompt: {fresh:,} ids…")
                 continue
             notice.stop()
             if isinstance(event, Token):

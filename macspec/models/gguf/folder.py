@@ -20,6 +20,7 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models.gguf.config import build_config, check_architecture
 from macspec.models.gguf.header import MAGIC, GGUFHeader
+from macspec.models.gguf.report import deriving
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import compute_dtype, readable_types, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
@@ -70,16 +71,17 @@ def gguf_folder(path: Path) -> Path:
     folder = macspec_home() / "gguf" / f"{path.stem[:48]}-{key}"
     if (folder / "config.json").is_file():
         return folder
-    header = read_model_header(path)
-    check_architecture(header)
-    check_types(header)
-    config = build_config(header)
-    config["eos_token_id"] = eos_ids(header)
-    # What the model computes in, for every memory estimate that reads config.json (mlx-lm
-    # itself ignores it: the weights' own dtypes decide).
-    config["torch_dtype"] = compute_dtype(header)
-    config[GGUF_KEY] = {"file": str(path), "identity": identity}
-    _write_whole(folder, header, config)
+    with deriving(path):
+        header = read_model_header(path)
+        check_architecture(header)
+        check_types(header)
+        config = build_config(header)
+        config["eos_token_id"] = eos_ids(header)
+        # What the model computes in, for every memory estimate that reads config.json (mlx-lm
+        # itself ignores it: the weights' own dtypes decide).
+        config["torch_dtype"] = compute_dtype(header)
+        config[GGUF_KEY] = {"file": str(path), "identity": identity}
+        _write_whole(folder, header, config)
     return folder
 
 

@@ -11,7 +11,7 @@ starts with no watch, so a load in a UI worker draws nothing on the terminal it 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,3 +80,30 @@ def progress_callback() -> Progress | None:
     """The open watch's progress callback, if any."""
     watch = _current.get()
     return watch.progress if watch is not None else None
+
+
+DerivingListener = Callable[[Path], AbstractContextManager[None]]
+"""Around a file's first use, while its config and tokenizer are derived (seconds for a
+large vocabulary): what the caller shows meanwhile."""
+_deriving: ContextVar[DerivingListener | None] = ContextVar("macspec_gguf_deriving", default=None)
+
+
+@contextmanager
+def announce_derivations(listener: DerivingListener) -> Iterator[None]:
+    """Inside the block, each GGUF file's first-use derivation runs inside `listener(path)`."""
+    token = _deriving.set(listener)
+    try:
+        yield
+    finally:
+        _deriving.reset(token)
+
+
+@contextmanager
+def deriving(path: Path) -> Iterator[None]:
+    """A file's derivation, inside the announced listener if any."""
+    listener = _deriving.get()
+    if listener is None:
+        yield
+        return
+    with listener(path):
+        yield
