@@ -16,7 +16,12 @@ from macspec.models.gguf.folder import check_types, gguf_entry
 from macspec.models.gguf.header import GGUFHeader
 from macspec.models.gguf.report import Conversion, progress_callback, reported
 from macspec.models.gguf.split import read_model_header
-from macspec.models.gguf.tensors import CONVERTERS, exactness, read_tensors, resident_bytes
+from macspec.models.gguf.tensors import (
+    exactness,
+    needs_conversion,
+    read_tensors,
+    resident_bytes,
+)
 
 CONVERTED = "converted.safetensors"
 """The converted weights of a file mx.load cannot read, beside the derived config.json (the
@@ -36,7 +41,7 @@ def load_gguf_model(folder: Path) -> nn.Module:
         raise MacspecError(f"{path}: changed since it was read; name the file again to reload it")
     check_types(header)
     check_memory(header)
-    converting = _needs_conversion(header) and not (folder / CONVERTED).is_file()
+    converting = needs_conversion(header) and not (folder / CONVERTED).is_file()
     weights = _converted_once(folder, header)
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
     model, config = load_model(
@@ -78,11 +83,6 @@ def check_memory(header: GGUFHeader) -> None:
         )
 
 
-def _needs_conversion(header: GGUFHeader) -> bool:
-    """A type `mx.load` does not read: the file is converted once and cached."""
-    return any(tensor.qtype not in CONVERTERS for tensor in header.tensors.values())
-
-
 def _set_rope_factors(model: nn.Module, factors: mx.array) -> None:
     """Llama 3.1's scaling as llama.cpp applies it: each frequency's period times its factor."""
     for layer in model.model.layers:
@@ -96,7 +96,7 @@ def _converted_once(folder: Path, header: GGUFHeader) -> dict[str, mx.array]:
     """The file's tensors: mx.load's types from the file itself; any other file converted once
     and cached in its derived folder, written whole (a temporary name, then a rename), so a
     second load reads it as fast as an mlx-lm folder."""
-    if not _needs_conversion(header):
+    if not needs_conversion(header):
         return read_tensors(header)
     cache = folder / CONVERTED
     if cache.is_file():

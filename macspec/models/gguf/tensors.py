@@ -115,13 +115,18 @@ def exactness(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
     return exact, inexact
 
 
+def needs_conversion(header: GGUFHeader) -> bool:
+    """A file with a type `mx.load` does not read (K-quants, Q5_0, i-quants): read through
+    kquants with float32 scales, converted once and cached."""
+    return any(tensor.qtype not in CONVERTERS for tensor in header.tensors.values())
+
+
 def resident_bytes(header: GGUFHeader) -> int:
     """The converted weights' bytes in memory, from the header alone: a quantized tensor at
     MLX's packed size plus a scale and a bias per group of 32 (float32 in a file read through
     kquants, float16 as `mx.load` gives them), one kept as float16 at 2 bytes a value, floats
     as stored."""
-    kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
-    scale_bytes = 4 if kquant_file else 2
+    scale_bytes = 4 if needs_conversion(header) else 2
     total = 0
     for tensor in header.tensors.values():
         values = int(np.prod(tensor.shape, dtype=np.int64))
@@ -140,7 +145,7 @@ def compute_dtype(header: GGUFHeader) -> str:
     read through kquants (float32 scales); else the one float type of its tensors and of
     `mx.load`'s float16 scales, float32 when they mix (MLX promotes: llama.cpp's F32 norms
     make most files compute in float32)."""
-    if any(t.qtype not in CONVERTERS for t in header.tensors.values()):
+    if needs_conversion(header):
         return "float32"
     names = {Q.F32: "float32", Q.F16: "float16", Q.BF16: "bfloat16"}
     dtypes = {names.get(t.qtype, "float16") for t in header.tensors.values()}
@@ -182,7 +187,7 @@ def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[s
     the whole file twice while it reads and gives BF16 as float16. `progress` hears the
     tensor bytes read so far after each tensor."""
     out: dict[str, mx.array] = {}
-    kquant_file = any(t.qtype not in CONVERTERS for t in header.tensors.values())
+    kquant_file = needs_conversion(header)
     total = sum(t.nbytes for t in header.tensors.values())
     done = 0
     with ExitStack() as stack:
