@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from macspec.models.gguf.split import check_parts
+from macspec.errors import MacspecError
+from macspec.models.gguf.split import check_parts, read_model_header
 from macspec.models.memory import MemoryEstimate, estimate, weight_bytes
 from macspec.models.stores.header import read_header
 
@@ -56,9 +57,16 @@ def file_type_name(value: Any) -> str | None:
 def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     """A GGUF file from its header; `file_type` (Ollama's config says it) when the header's
     own `general.file_type` is missing."""
-    header = read_header(path)
-    # a split model's first part describes it; its size is every part's
-    size = sum(part.stat().st_size for part in check_parts(path, header.metadata))
+    from macspec.models.gguf.tensors import compute_dtype, resident_bytes  # mlx: not at start-up
+
+    try:  # one read: the metadata, the tensor table (no vocabulary) and a split model's parts
+        header = read_model_header(path, strings=False)
+        size, resident, dtype = header.size, resident_bytes(header), compute_dtype(header)
+    except MacspecError:  # no readable tensor table: described from the metadata alone
+        header = read_header(path)
+        # a split model's first part describes it; its size is every part's
+        size = sum(part.stat().st_size for part in check_parts(path, header.metadata))
+        resident, dtype = size, None  # the file's size; None: the usual float16
     architecture = header.metadata.get("general.architecture")
     context = _int(header.arch_value("context_length"))
     heads = _int(header.arch_value("attention.head_count"))
@@ -70,7 +78,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         "hidden_size": header.arch_value("embedding_length"),
         "sliding_window": _int(header.arch_value("attention.sliding_window")),
     }
-    resident, config["torch_dtype"] = _converted(path, size)  # KV values: 2 bytes or 4
+    config["torch_dtype"] = dtype  # KV values: 2 bytes or 4
     memory = estimate(resident, [config], context) if context else None
     return Description(
         "gguf",
@@ -82,22 +90,6 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         header.tokenizer_digest,
         header.array_lengths.get("tokenizer.ggml.tokens"),
     )
-
-
-def _converted(path: Path, size: int) -> tuple[int, str | None]:
-    """The GGUF's weights in memory once converted (what `run` refuses a model by:
-    `tensors.resident_bytes`) and the dtype it computes in, from its tensor table (names,
-    shapes and types, no vocabulary: milliseconds); the file's size and None (the usual
-    float16) when the table cannot be read: the listing says why elsewhere."""
-    from macspec.errors import MacspecError
-    from macspec.models.gguf.split import read_model_header
-    from macspec.models.gguf.tensors import compute_dtype, resident_bytes
-
-    try:
-        header = read_model_header(path, strings=False)
-    except MacspecError:
-        return size, None
-    return resident_bytes(header), compute_dtype(header)
 
 
 def describe_mlx(folder: Path) -> Description:
