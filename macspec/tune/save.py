@@ -22,6 +22,7 @@ from macspec.models import hub
 from macspec.models.catalog import SHIPPED_CATALOG, is_pair_name, parse_catalog
 from macspec.models.gguf.folder import GGUF_KEY, gguf_entry
 from macspec.models.home import read_toml, user_catalog_path
+from macspec.tune.train import quantized_layers
 
 WEIGHT_FILES = ("*.safetensors", "model.safetensors.index.json", "*.bin", "*.gguf", "*.pt")
 """The draft's files the tuned weights replace; everything else (config, tokenizer, chat
@@ -125,13 +126,9 @@ def copy_draft_files(draft: Path, folder: Path, tuned: nn.Module) -> None:
 
 
 def quantization_of(model: nn.Module) -> dict:
-    """mlx-lm's `quantization` entry for a model as it is: each quantized module's group size,
-    bits and mode (a GGUF's embeddings and layers often differ); {} for a float model."""
-    per_module = {
-        path: {"group_size": module.group_size, "bits": module.bits, "mode": module.mode}
-        for path, module in model.named_modules()
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-    }
+    """mlx-lm's `quantization` entry for a model as it is: the first quantized layer's settings
+    as the default, each layer's own beside them; {} for a float model."""
+    per_module = quantized_layers(model)
     if not per_module:
         return {}
     first = next(iter(per_module.values()))

@@ -97,15 +97,21 @@ class Precision:
     float16: frozenset[str] = frozenset()
 
 
+def quantized_layers(model: nn.Module) -> dict[str, dict]:
+    """Each quantized layer's group size, bits and mode, by path (a GGUF's embeddings and
+    layers often differ)."""
+    return {
+        name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
+        for name, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
+
+
 def prepare(draft: nn.Module, settings: TrainSettings) -> Precision:
     """Make the draft trainable in place; return how it was stored. Full fine-tuning trains
     float16 weights in float32: Adam's steps in float16 overflow to NaN within a step or two
     (a GGUF's Q8_0 and Q4_0 layers dequantize to float16)."""
-    quantized = {
-        name: {"group_size": m.group_size, "bits": m.bits, "mode": getattr(m, "mode", "affine")}
-        for name, m in draft.named_modules()
-        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-    }
+    quantized = quantized_layers(draft)
     mx.random.seed(settings.seed)
     float16: frozenset[str] = frozenset()
     if settings.full:
