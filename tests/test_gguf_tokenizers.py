@@ -22,7 +22,7 @@ import pytest
 from ggufkit import hf_tokenizer_writer, write_gguf
 from tiny import CONFIGS, arch_model
 from tokenizers import Tokenizer
-from toolkit import QWEN3, write_qwen3_tokenizer
+from toolkit import qwen3_files
 
 from macspec.models import hub
 from macspec.models.gguf.header import read_header
@@ -55,18 +55,6 @@ MESSAGES = [
     {"role": "assistant", "content": "Ici."},
     {"role": "user", "content": "And 12345?"},
 ]
-
-
-def qwen3_files(folder: Path) -> Path:
-    """Qwen3: the published tokenizer.json; the published tokenizer_config.json's keys the
-    converter reads (the fixture keeps all but `add_bos_token: false`, added back here); and
-    Qwen3's config.json ids."""
-    write_qwen3_tokenizer(folder)
-    config = json.loads((QWEN3 / "tokenizer_config.json").read_text())
-    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
-    ids = {"bos_token_id": 151643, "eos_token_id": 151645}
-    (folder / "config.json").write_text(json.dumps(ids))
-    return folder
 
 
 def llama3_files(folder: Path) -> Path:

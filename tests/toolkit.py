@@ -69,6 +69,18 @@ def write_qwen3_tokenizer(folder: Path) -> Path:
     return folder
 
 
+def qwen3_files(folder: Path) -> Path:
+    """Qwen3: the published tokenizer.json; the published tokenizer_config.json's keys the
+    converter reads (the fixture keeps all but `add_bos_token: false`, added back here); and
+    Qwen3's config.json ids."""
+    write_qwen3_tokenizer(folder)
+    config = json.loads((QWEN3 / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
+    ids = {"bos_token_id": 151643, "eos_token_id": 151645}
+    (folder / "config.json").write_text(json.dumps(ids))
+    return folder
+
+
 def frozen_embedding(vocab: int, hidden: int, seed: int, random_dims: int) -> np.ndarray:
     """The fixed input embedding the tool model was trained on: random in the first
     `random_dims` dims, zero in the rest, which only trained rows (specials, template, answer
