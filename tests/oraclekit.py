@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,10 @@ class TinyArch:
     config: dict = field(default_factory=dict)
     seed: int = SEED
     """Of the weights and prompts: one whose greedy choices are all far from ties."""
+    ollama_vision: bool = False
+    """Written as Ollama's convert_gemma3.go writes Gemma 3 4B-27B: the vision tower's `v.` and
+    `mm.` tensors and `gemma3.vision.*` keys in the same file, no rms epsilon or rope bases
+    (Ollama's engine defaults them: 1e-6, 1e6 global, 1e4 local)."""
 
 
 _BASE = dict(
@@ -87,7 +91,11 @@ ARCHS: dict[str, TinyArch] = {
         ),
     ),
 }
-"""Each architecture's tiny Hugging Face config (the converter's input)."""
+ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
+"""Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
+gemma3's text model with Ollama's vision tower beside it (llama.cpp refuses the file: its
+answer is gemma3's)."""
+VISION = dict(hidden=16, layers=1, ff=32, image=4, patch=2, heads=2)
 
 
 def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.ndarray]]:
@@ -168,7 +176,7 @@ def converted(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.ndar
         yield name, array
 
 
-def _write_parameters(writer, config: dict, arch: str) -> None:
+def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> None:
     """TextModel.set_gguf_parameters, then the architecture's own keys."""
     import gguf
 
@@ -178,8 +186,9 @@ def _write_parameters(writer, config: dict, arch: str) -> None:
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_rope_freq_base(config["rope_theta"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if not ollama:  # Ollama's multimodal Gemma 3 leaves these to its engine's defaults
+        writer.add_rope_freq_base(config["rope_theta"])
+        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     if "num_experts" in config:
         writer.add_expert_count(config["num_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
@@ -194,6 +203,42 @@ def _write_parameters(writer, config: dict, arch: str) -> None:
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if arch == "gemma3":  # Gemma3Model.set_gguf_parameters writes these again, as here
         writer.add_sliding_window(config["sliding_window"])
+    if ollama:  # convert_gemma3.go, Gemma3ForConditionalGeneration
+        for key in ("block_count", "embedding_length", "feed_forward_length"):
+            value = VISION[{"block_count": "layers", "embedding_length": "hidden"}.get(key, "ff")]
+            writer.add_uint32(f"gemma3.vision.{key}", value)
+        writer.add_uint32("gemma3.vision.image_size", VISION["image"])
+        writer.add_uint32("gemma3.vision.patch_size", VISION["patch"])
+        writer.add_uint32("gemma3.vision.num_channels", 3)
+        writer.add_uint32("gemma3.vision.attention.head_count", VISION["heads"])
+        writer.add_float32("gemma3.vision.attention.layer_norm_epsilon", 1e-6)
+        writer.add_uint32("gemma3.mm.tokens_per_image", 4)
+
+
+def ollama_vision_tensors(seed: int, text_hidden: int) -> Iterator[tuple[str, np.ndarray]]:
+    """A tiny SigLIP tower and projector under Ollama's names (convert_gemma3.go's
+    Replacements: `vision_tower.vision_model` -> `v`, `multi_modal_projector` -> `mm`)."""
+    rng = np.random.RandomState(seed + 2)
+    width, ff, patch = VISION["hidden"], VISION["ff"], VISION["patch"]
+
+    def values(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
+    yield "v.patch_embedding.weight", values(width, 3, patch, patch)
+    yield "v.patch_embedding.bias", values(width)
+    yield "v.position_embedding.weight", values((VISION["image"] // patch) ** 2, width)
+    for i in range(VISION["layers"]):
+        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            yield f"v.blk.{i}.{name}.weight", values(width, width)
+            yield f"v.blk.{i}.{name}.bias", values(width)
+        for name in ("layer_norm1", "layer_norm2"):
+            yield f"v.blk.{i}.{name}.weight", values(width)
+            yield f"v.blk.{i}.{name}.bias", values(width)
+        yield f"v.blk.{i}.mlp.fc1.weight", values(ff, width)
+        yield f"v.blk.{i}.mlp.fc2.weight", values(width, ff)
+    yield "v.post_layernorm.weight", values(width)
+    yield "mm.mm_input_projection.weight", values(width, text_hidden)
+    yield "mm.mm_soft_emb_norm.weight", values(width)
 
 
 def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
@@ -207,12 +252,15 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     path = folder / f"{name}.gguf"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
-    _write_parameters(writer, config, arch)
+    _write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
     for hf_name, array in converted(config, arch, seed):
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         writer.add_tensor(gguf_name, array, raw_dtype=gguf.GGMLQuantizationType.F32)
+    if spec.ollama_vision:
+        for gguf_name, array in ollama_vision_tensors(seed, config["hidden_size"]):
+            writer.add_tensor(gguf_name, array, raw_dtype=gguf.GGMLQuantizationType.F32)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -232,6 +280,13 @@ def prompts(seed: int = SEED) -> list[list[int]]:
     """Three prompts of ordinary token ids (below Qwen3's specials): 1, 7 and 20 ids long."""
     rng = np.random.RandomState(seed + 1)
     return [rng.randint(0, 151_643, size=n).tolist() for n in (1, 7, 20)]
+
+
+def rebuilt(name: str, folder: Path) -> Path:
+    """`name`'s tiny file written again into `folder`: byte for byte the one llama.cpp read."""
+    path = write_tiny_gguf(name, folder)
+    assert sha256(path) == fixture(name)["sha256"], f"{path}: not the file llama.cpp read"
+    return path
 
 
 def fixture(name: str) -> dict:
