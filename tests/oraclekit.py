@@ -91,6 +91,16 @@ ARCHS: dict[str, TinyArch] = {
         ),
     ),
 }
+ARCHS["phi3"] = TinyArch(  # Phi-4-mini's shape: GQA, partial rotary, tied, no sliding window
+    "phi3",
+    dict(
+        _BASE,
+        num_hidden_layers=2,
+        partial_rotary_factor=0.75,
+        original_max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    ),
+)
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
 gemma3's text model with Ollama's vision tower beside it (llama.cpp refuses the file: its
@@ -121,7 +131,12 @@ def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.nda
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     for i in range(config["num_hidden_layers"]):
         layer = f"model.layers.{i}"
-        for name, rows in (("q", heads), ("k", kv_heads), ("v", kv_heads)):
+        if arch == "phi3":  # Phi-3 and Phi-4 checkpoints hold Q, K and V in one matrix
+            qkv = [matrix(rows * head_dim, hidden) for rows in (heads, kv_heads, kv_heads)]
+            yield f"{layer}.self_attn.qkv_proj.weight", np.concatenate(qkv)
+        for name, rows in (
+            () if arch == "phi3" else (("q", heads), ("k", kv_heads), ("v", kv_heads))
+        ):
             yield f"{layer}.self_attn.{name}_proj.weight", matrix(rows * head_dim, hidden)
             if config.get("attention_bias"):
                 bias = (0.3 * rng.standard_normal(rows * head_dim)).astype(np.float32)
@@ -141,6 +156,11 @@ def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.nda
                 yield f"{layer}.mlp.experts.{e}.gate_proj.weight", matrix(ff, hidden)
                 yield f"{layer}.mlp.experts.{e}.up_proj.weight", matrix(ff, hidden)
                 yield f"{layer}.mlp.experts.{e}.down_proj.weight", matrix(hidden, ff, RESIDUAL_GAIN)
+        elif arch == "phi3":  # and the gate and up projections in one, gate first
+            ff = config["intermediate_size"]
+            gate_up = [matrix(ff, hidden), matrix(ff, hidden)]
+            yield f"{layer}.mlp.gate_up_proj.weight", np.concatenate(gate_up)
+            yield f"{layer}.mlp.down_proj.weight", matrix(hidden, ff, RESIDUAL_GAIN)
         else:
             ff = config["intermediate_size"]
             yield f"{layer}.mlp.gate_proj.weight", matrix(ff, hidden)
@@ -180,6 +200,9 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
     """TextModel.set_gguf_parameters, then the architecture's own keys."""
     import gguf
 
+    if arch == "phi3":
+        _write_phi3_parameters(writer, config)
+        return
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -213,6 +236,25 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
         writer.add_uint32("gemma3.vision.attention.head_count", VISION["heads"])
         writer.add_float32("gemma3.vision.attention.layer_norm_epsilon", 1e-6)
         writer.add_uint32("gemma3.mm.tokens_per_image", 4)
+
+
+def _write_phi3_parameters(writer, config: dict) -> None:
+    """Phi3MiniModel.set_gguf_parameters (all its own; sliding window 0 marks Phi-4)."""
+    import gguf
+
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_dimension_count(int(config["partial_rotary_factor"] * hidden) // heads)
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_sliding_window(0)
 
 
 def ollama_vision_tensors(seed: int, text_hidden: int) -> Iterator[tuple[str, np.ndarray]]:
