@@ -28,6 +28,8 @@ QWEN3_VOCAB = 151_936  # Qwen3's config vocab_size: the tokenizer's 151,669 ids,
 QWEN3_TOKENIZER_IDS = 151_669  # what Gemma3Model keeps of the embedding (vocab + added tokens)
 SEED = 62
 RESIDUAL_GAIN = 6.0
+LLAMA_FAMILY = ("llama", "mistral3")
+"""Written by LlamaModel (Mistral3Model's text model is one): Q and K rows permuted."""
 GEMMA_POST_NORM = 6.0
 
 
@@ -100,6 +102,9 @@ ARCHS["phi3"] = TinyArch(  # Phi-4-mini's shape: GQA, partial rotary, tied, no s
         original_max_position_embeddings=4096,
         tie_word_embeddings=True,
     ),
+)
+ARCHS["mistral3"] = TinyArch(  # Mistral Small 3.1/3.2, Devstral: LlamaModel under another name
+    "mistral3", ARCHS["llama"].config
 )
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
@@ -176,9 +181,9 @@ def converted(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.ndar
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     experts: dict[str, np.ndarray] = {}
     for name, array in hf_weights(config, arch, seed):
-        if arch == "llama" and ".q_proj." in name:
+        if arch in LLAMA_FAMILY and ".q_proj." in name:
             array = llama_permute(array, heads)  # LlamaModel.permute
-        elif arch == "llama" and ".k_proj." in name:
+        elif arch in LLAMA_FAMILY and ".k_proj." in name:
             array = llama_permute(array, kv_heads)
         elif arch == "gemma3" and name.endswith("norm.weight"):
             array = array + np.float32(1.0)  # Gemma3Model.norm_shift
@@ -219,7 +224,7 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    if arch == "llama":  # LlamaModel.set_gguf_parameters
+    if arch in LLAMA_FAMILY:  # LlamaModel.set_gguf_parameters
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     if arch == "qwen3moe":  # Qwen2MoeModel.set_gguf_parameters
