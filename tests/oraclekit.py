@@ -15,22 +15,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from ggufkit import hf_tokenizer_writer, llama_permute
+from ggufkit import hf_tokenizer_writer
+from oracletensors import LLAMA_FAMILY, VISION, converted, ollama_vision_tensors
 from toolkit import qwen3_files
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
 QWEN3_VOCAB = 151_936  # Qwen3's config vocab_size: the tokenizer's 151,669 ids, padded
 QWEN3_TOKENIZER_IDS = 151_669  # what Gemma3Model keeps of the embedding (vocab + added tokens)
 SEED = 62
-RESIDUAL_GAIN = 6.0
-LLAMA_FAMILY = ("llama", "mistral3")
-"""Written by LlamaModel (Mistral3Model's text model is one): Q and K rows permuted."""
-GEMMA_POST_NORM = 6.0
 
 
 @dataclass(frozen=True)
@@ -106,99 +102,32 @@ ARCHS["phi3"] = TinyArch(  # Phi-4-mini's shape: GQA, partial rotary, tied, no s
 ARCHS["mistral3"] = TinyArch(  # Mistral Small 3.1/3.2, Devstral: LlamaModel under another name
     "mistral3", ARCHS["llama"].config
 )
+ARCHS["gpt-oss"] = TinyArch(  # gpt-oss-20b's shape, float experts (a bf16 checkpoint's path)
+    "gpt-oss",
+    dict(
+        _BASE,
+        num_hidden_layers=2,  # sliding, then full (llama.cpp's fixed pattern of 2)
+        head_dim=16,
+        intermediate_size=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        rope_theta=150_000.0,
+        max_position_embeddings=131_072,
+        rope_scaling=dict(
+            rope_type="yarn",
+            factor=32.0,
+            original_max_position_embeddings=4096,
+            beta_fast=32.0,
+            beta_slow=1.0,
+        ),
+        tie_word_embeddings=False,
+    ),
+)
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
 gemma3's text model with Ollama's vision tower beside it (llama.cpp refuses the file: its
 answer is gemma3's)."""
-VISION = dict(hidden=16, layers=1, ff=32, image=4, patch=2, heads=2)
-
-
-def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.ndarray]]:
-    """The checkpoint's tensors in Hugging Face's names and (out, in) layout, float32."""
-    rng = np.random.RandomState(seed)
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    head_dim = config.get("head_dim", hidden // heads)
-    kv_heads = config["num_key_value_heads"]
-
-    def matrix(rows: int, cols: int, gain: float = 1.0) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
-
-    def norm(width: int, post: bool = False) -> np.ndarray:
-        # Gemma stores w of (1 + w); Gemma's post-norms scale its layers' outputs up, as
-        # RESIDUAL_GAIN does the others' (its embedding is multiplied by sqrt(hidden))
-        centre = 1.0 if arch != "gemma3" else (GEMMA_POST_NORM if post else 0.0)
-        return (centre + 0.3 * rng.standard_normal(width)).astype(np.float32)
-
-    # rows of unit scale: tied outputs give logits spread over several units
-    yield "model.embed_tokens.weight", matrix(config["vocab_size"], hidden, np.sqrt(hidden))
-    norms = ["input_layernorm", "post_attention_layernorm"]
-    if arch == "gemma3":
-        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
-    for i in range(config["num_hidden_layers"]):
-        layer = f"model.layers.{i}"
-        if arch == "phi3":  # Phi-3 and Phi-4 checkpoints hold Q, K and V in one matrix
-            qkv = [matrix(rows * head_dim, hidden) for rows in (heads, kv_heads, kv_heads)]
-            yield f"{layer}.self_attn.qkv_proj.weight", np.concatenate(qkv)
-        for name, rows in (
-            () if arch == "phi3" else (("q", heads), ("k", kv_heads), ("v", kv_heads))
-        ):
-            yield f"{layer}.self_attn.{name}_proj.weight", matrix(rows * head_dim, hidden)
-            if config.get("attention_bias"):
-                bias = (0.3 * rng.standard_normal(rows * head_dim)).astype(np.float32)
-                yield f"{layer}.self_attn.{name}_proj.bias", bias
-        # outputs into the residual scaled up: a tied model's embedding would otherwise
-        # outweigh them, and it would answer each id with that id again
-        yield f"{layer}.self_attn.o_proj.weight", matrix(hidden, heads * head_dim, RESIDUAL_GAIN)
-        if arch in ("qwen3", "qwen3moe", "gemma3"):
-            yield f"{layer}.self_attn.q_norm.weight", norm(head_dim)
-            yield f"{layer}.self_attn.k_norm.weight", norm(head_dim)
-        for name in norms:
-            yield f"{layer}.{name}.weight", norm(hidden, name.startswith("post_"))
-        if "num_experts" in config:
-            experts, ff = config["num_experts"], config["moe_intermediate_size"]
-            yield f"{layer}.mlp.gate.weight", matrix(experts, hidden, 4.0)  # decided routes
-            for e in range(experts):
-                yield f"{layer}.mlp.experts.{e}.gate_proj.weight", matrix(ff, hidden)
-                yield f"{layer}.mlp.experts.{e}.up_proj.weight", matrix(ff, hidden)
-                yield f"{layer}.mlp.experts.{e}.down_proj.weight", matrix(hidden, ff, RESIDUAL_GAIN)
-        elif arch == "phi3":  # and the gate and up projections in one, gate first
-            ff = config["intermediate_size"]
-            gate_up = [matrix(ff, hidden), matrix(ff, hidden)]
-            yield f"{layer}.mlp.gate_up_proj.weight", np.concatenate(gate_up)
-            yield f"{layer}.mlp.down_proj.weight", matrix(hidden, ff, RESIDUAL_GAIN)
-        else:
-            ff = config["intermediate_size"]
-            yield f"{layer}.mlp.gate_proj.weight", matrix(ff, hidden)
-            yield f"{layer}.mlp.up_proj.weight", matrix(ff, hidden)
-            yield f"{layer}.mlp.down_proj.weight", matrix(hidden, ff, RESIDUAL_GAIN)
-    yield "model.norm.weight", norm(hidden)
-    if not config["tie_word_embeddings"]:
-        yield "lm_head.weight", matrix(config["vocab_size"], hidden, 8.0)
-
-
-def converted(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.ndarray]]:
-    """The converter's modify_tensors for `arch`: (HF name, array as the file stores it)."""
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    experts: dict[str, np.ndarray] = {}
-    for name, array in hf_weights(config, arch, seed):
-        if arch in LLAMA_FAMILY and ".q_proj." in name:
-            array = llama_permute(array, heads)  # LlamaModel.permute
-        elif arch in LLAMA_FAMILY and ".k_proj." in name:
-            array = llama_permute(array, kv_heads)
-        elif arch == "gemma3" and name.endswith("norm.weight"):
-            array = array + np.float32(1.0)  # Gemma3Model.norm_shift
-        if ".mlp.experts." in name:  # Qwen2MoeModel: each projection's experts in one tensor
-            experts[name] = array
-            layer, count = name.split(".mlp.")[0], config["num_experts"]
-            if len(experts) == 3 * count:
-                for proj in ("down_proj", "gate_proj", "up_proj"):
-                    stacked = [
-                        experts[f"{layer}.mlp.experts.{e}.{proj}.weight"] for e in range(count)
-                    ]
-                    yield f"{layer}.mlp.experts.{proj}.weight", np.stack(stacked)
-                experts.clear()
-            continue
-        yield name, array
 
 
 def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> None:
@@ -217,8 +146,16 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
     if not ollama:  # Ollama's multimodal Gemma 3 leaves these to its engine's defaults
         writer.add_rope_freq_base(config["rope_theta"])
         writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if "num_experts" in config:
-        writer.add_expert_count(config["num_experts"])
+    scaling = config.get("rope_scaling")
+    if scaling:  # yarn's keys, as TextModel writes them
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+        writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
+    experts = config.get("num_experts", config.get("num_local_experts"))
+    if experts:
+        writer.add_expert_count(experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
     if "head_dim" in config:
         writer.add_key_length(config["head_dim"])
@@ -229,6 +166,9 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
     if arch == "qwen3moe":  # Qwen2MoeModel.set_gguf_parameters
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_expert_feed_forward_length(config["intermediate_size"])
     if arch == "gemma3":  # Gemma3Model.set_gguf_parameters writes these again, as here
         writer.add_sliding_window(config["sliding_window"])
     if ollama:  # convert_gemma3.go, Gemma3ForConditionalGeneration
@@ -262,32 +202,6 @@ def _write_phi3_parameters(writer, config: dict) -> None:
     writer.add_sliding_window(0)
 
 
-def ollama_vision_tensors(seed: int, text_hidden: int) -> Iterator[tuple[str, np.ndarray]]:
-    """A tiny SigLIP tower and projector under Ollama's names (convert_gemma3.go's
-    Replacements: `vision_tower.vision_model` -> `v`, `multi_modal_projector` -> `mm`)."""
-    rng = np.random.RandomState(seed + 2)
-    width, ff, patch = VISION["hidden"], VISION["ff"], VISION["patch"]
-
-    def values(*shape: int) -> np.ndarray:
-        return rng.standard_normal(shape).astype(np.float32)
-
-    yield "v.patch_embedding.weight", values(width, 3, patch, patch)
-    yield "v.patch_embedding.bias", values(width)
-    yield "v.position_embedding.weight", values((VISION["image"] // patch) ** 2, width)
-    for i in range(VISION["layers"]):
-        for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
-            yield f"v.blk.{i}.{name}.weight", values(width, width)
-            yield f"v.blk.{i}.{name}.bias", values(width)
-        for name in ("layer_norm1", "layer_norm2"):
-            yield f"v.blk.{i}.{name}.weight", values(width)
-            yield f"v.blk.{i}.{name}.bias", values(width)
-        yield f"v.blk.{i}.mlp.fc1.weight", values(ff, width)
-        yield f"v.blk.{i}.mlp.fc2.weight", values(width, ff)
-    yield "v.post_layernorm.weight", values(width)
-    yield "mm.mm_input_projection.weight", values(width, text_hidden)
-    yield "mm.mm_soft_emb_norm.weight", values(width)
-
-
 def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     """`name`'s tiny model as `folder/<name>.gguf` (Qwen3's tokenizer files beside it)."""
     import gguf
@@ -301,7 +215,8 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     writer.add_name(name)
     _write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config["num_hidden_layers"])
+    kind = gguf.MODEL_ARCH[arch.upper().replace("-", "_")]
+    names = gguf.get_tensor_name_map(kind, config["num_hidden_layers"])
     for hf_name, array in converted(config, arch, seed):
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         writer.add_tensor(gguf_name, array, raw_dtype=gguf.GGMLQuantizationType.F32)
