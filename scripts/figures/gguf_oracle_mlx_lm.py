@@ -17,23 +17,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 import oraclekit  # noqa: E402
+from ggufkit import NAMES  # noqa: E402
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 from mlx_lm.utils import _get_classes  # noqa: E402
 from test_gguf_llamacpp import max_logit_difference  # noqa: E402
 
-LAYER = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+LAYER = {**NAMES, "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 EXTRA = {  # per architecture: mlx-lm's model_type and config, and the names beyond LAYER's
     "qwen3moe": (
         {"model_type": "qwen3_moe", "decoder_sparse_step": 1, "mlp_only_layers": []},
@@ -60,7 +49,7 @@ EXTRA = {  # per architecture: mlx-lm's model_type and config, and the names bey
         },
     ),
 }
-TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+TOP = {**NAMES, "output": "lm_head"}
 
 
 def measure(name: str, folder: Path) -> str:
