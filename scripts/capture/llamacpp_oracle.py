@@ -82,6 +82,18 @@ def capture(name: str, binary: Path, folder: Path, source: Path) -> dict:
     }
 
 
+def readable(recorded: dict) -> str:
+    """The fixture as JSON with one step a line (a small diff when a capture changes)."""
+    head = {key: value for key, value in recorded.items() if key != "prompts"}
+    lines = [json.dumps(head, indent=1)[:-2] + ',\n "prompts": [']
+    for i, answer in enumerate(recorded["prompts"]):
+        lines.append(f'  {{"prompt": {json.dumps(answer["prompt"])}, "steps": [')
+        steps = [f"   {json.dumps(step)}" for step in answer["steps"]]
+        lines.append(",\n".join(steps))
+        lines.append("  ]}" + ("," if i < len(recorded["prompts"]) - 1 else ""))
+    return "\n".join([*lines, " ]", "}"]) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--source", type=Path, required=True, help="llama.cpp's source folder")
@@ -95,7 +107,7 @@ def main() -> None:
         for name in args.only:
             recorded = capture(name, binary, folder, args.source)
             target = oraclekit.FIXTURES / f"{name}.json"
-            target.write_text(json.dumps(recorded, indent=1) + "\n")
+            target.write_text(readable(recorded))
             print(f"{target}: smallest top-2 gap {recorded['smallest_top2_gap']}")
 
 
