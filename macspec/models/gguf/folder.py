@@ -20,6 +20,7 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models.gguf.config import build_config, check_architecture
 from macspec.models.gguf.header import MAGIC, GGUFHeader
+from macspec.models.gguf.layout import default_layout
 from macspec.models.gguf.report import deriving
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import compute_dtype, readable_types, unreadable
@@ -79,7 +80,7 @@ def gguf_folder(path: Path) -> Path:
         config["eos_token_id"] = eos_ids(header)
         # What the model computes in, for every memory estimate that reads config.json (mlx-lm
         # itself ignores it: the weights' own dtypes decide).
-        config["torch_dtype"] = compute_dtype(header)
+        config["torch_dtype"] = compute_dtype(header, default_layout())
         config[GGUF_KEY] = {"file": str(path), "identity": identity}
         _write_whole(folder, header, config)
     return folder

@@ -57,11 +57,14 @@ def file_type_name(value: Any) -> str | None:
 def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     """A GGUF file from its header; `file_type` (Ollama's config says it) when the header's
     own `general.file_type` is missing."""
-    from macspec.models.gguf.tensors import compute_dtype, resident_bytes  # mlx: not at start-up
+    from macspec.models.gguf.layout import default_layout  # mlx: not at start-up
+    from macspec.models.gguf.tensors import compute_dtype, resident_bytes
 
     try:  # one read: the metadata, the tensor table (no vocabulary) and a split model's parts
         header = read_model_header(path, strings=False)
-        size, resident, dtype = header.size, resident_bytes(header), compute_dtype(header)
+        layout = default_layout()
+        size = header.size
+        resident, dtype = resident_bytes(header, layout), compute_dtype(header, layout)
     except MacspecError:  # no readable tensor table: described from the metadata alone
         header = read_header(path)
         # a split model's first part describes it; its size is every part's
