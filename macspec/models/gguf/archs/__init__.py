@@ -4,6 +4,8 @@ one file per model."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Architecture
 from macspec.models.gguf.archs.gemma3 import Gemma3
@@ -26,3 +28,19 @@ def architecture_of(header: GGUFHeader) -> Architecture:
             f"files (supported: {', '.join(ARCHITECTURES)})"
         )
     return arch
+
+
+def without_ignored(header: GGUFHeader) -> GGUFHeader:
+    """The header without the tensors that are not the text model's (a vision tower), so no
+    reader reads or counts them; any other architecture's header as it is."""
+    arch = ARCHITECTURES.get(header.architecture)
+    if arch is None or not any(arch.ignored(name) for name in header.tensors):
+        return header
+    kept = {name: entry for name, entry in header.tensors.items() if not arch.ignored(name)}
+    return replace(header, tensors=kept)
+
+
+def notices(header: GGUFHeader) -> list[str]:
+    """What the user should know about the file that is not an error (a part not used)."""
+    arch = ARCHITECTURES.get(header.architecture)
+    return arch.notices(header) if arch is not None else []

@@ -1,0 +1,102 @@
+"""A Gemma 3 GGUF as Ollama's own converter writes a multimodal checkpoint (ollama/ollama
+convert/convert_gemma3.go): `gemma3.vision.*` and `gemma3.mm.tokens_per_image` keys, the vision
+tower's `v.*` and the projector's `mm.*` tensors in the same file, and without the keys Ollama's
+engine defaults (RMS epsilon, rope base). The text model gives exactly the logits of the same
+file without them; the vision tensors are neither read nor counted; a load says so in one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from ggufkit import write_gguf
+from test_gguf_files import CONFIGS, PROMPT, random_model
+
+from macspec.models import hub
+from macspec.models.gguf.split import read_model_header
+from macspec.models.gguf.tensors import resident_bytes
+from macspec.models.loader import load_model, load_models
+
+OMITTED = ("gemma3.attention.layer_norm_rms_epsilon", "gemma3.rope.freq_base")
+"""Keys convert_gemma3.go does not write for a multimodal checkpoint (its engine's defaults:
+1e-6 and 1e6, the tiny model's own values)."""
+VISION_KEYS = {
+    "gemma3.vision.block_count": 1,
+    "gemma3.vision.embedding_length": 32,
+    "gemma3.vision.feed_forward_length": 64,
+    "gemma3.vision.image_size": 28,
+    "gemma3.vision.patch_size": 14,
+    "gemma3.vision.num_channels": 3,
+    "gemma3.vision.attention.head_count": 2,
+    "gemma3.mm.tokens_per_image": 4,
+}
+VISION_TENSORS = {
+    "v.patch_embd.weight": (32, 3, 14, 14),
+    "v.position_embd.weight": (4, 32),
+    "v.blk.0.attn_q.weight": (32, 32),
+    "v.blk.0.ln1.weight": (32,),
+    "v.post_layernorm.weight": (32,),
+    "mm.mm_input_projection.weight": (32, 64),
+    "mm.mm_soft_emb_norm.weight": (32,),
+}
+
+
+def as_ollama_writes_it(source: Path, path: Path) -> Path:
+    """`source` rewritten with the vision tower's keys and tensors and without `OMITTED`."""
+    reader = GGUFReader(source)
+    writer = GGUFWriter(str(path), "gemma3")
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in OMITTED:
+            continue
+        kind = field.types[0]
+        sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+    for name, value in VISION_KEYS.items():
+        writer.add_uint32(name, value)
+    rng = np.random.default_rng(0)
+    for name, shape in VISION_TENSORS.items():  # the tower first, as Ollama's files hold it
+        writer.add_tensor(name, rng.normal(size=shape).astype(np.float32))
+    for tensor in reader.tensors:
+        shape = tuple(int(n) for n in reversed(tensor.shape))
+        writer.add_tensor(tensor.name, np.asarray(tensor.data).reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_ollamas_multimodal_gemma3_runs_its_text_model(tmp_path):
+    config = CONFIGS["gemma3_text"]
+    plain = write_gguf(random_model(config, seed=4), config, tmp_path / "plain.gguf")
+    ollama = as_ollama_writes_it(plain, tmp_path / "ollama.gguf")
+    assert not set(OMITTED) & set(GGUFReader(ollama).fields)
+    ids = mx.array([PROMPT])
+    expected, _ = load_model(hub.local_model_path(str(plain)), "model")
+    model, _ = load_model(hub.local_model_path(str(ollama)), "model")
+    assert mx.array_equal(model(ids), expected(ids))
+
+
+def test_the_vision_tower_is_neither_read_nor_counted(tmp_path):
+    config = CONFIGS["gemma3_text"]
+    plain = write_gguf(random_model(config, seed=4), config, tmp_path / "plain.gguf")
+    ollama = as_ollama_writes_it(plain, tmp_path / "ollama.gguf")
+    header = read_model_header(ollama)
+    assert not [name for name in header.tensors if name.startswith(("v.", "mm."))]
+    assert header.tensors.keys() == read_model_header(plain).tensors.keys()
+    assert resident_bytes(header) == resident_bytes(read_model_header(plain))
+
+
+def test_a_load_says_the_image_part_is_not_used_in_one_line(tmp_path):
+    config = CONFIGS["gemma3_text"]
+    plain = write_gguf(random_model(config, seed=4), config, tmp_path / "plain.gguf")
+    ollama = as_ollama_writes_it(plain, tmp_path / "ollama.gguf")
+    for _ in range(2):  # the derived folder's first load and a later one
+        loaded = load_models(hub.local_model_path(str(ollama)))
+        assert loaded.warnings == [
+            "ollama.gguf carries Gemma 3's vision tower: the text model runs, the image part "
+            "is not used yet"
+        ]
+    assert load_models(hub.local_model_path(str(plain))).warnings == []
