@@ -38,6 +38,19 @@ CONFIGS = {
     "qwen3": dict(
         BASE, model_type="qwen3", num_hidden_layers=2, head_dim=32, tie_word_embeddings=False
     ),
+    "qwen3_moe": dict(  # Qwen3MoeModel: experts stacked per projection, a router
+        BASE,
+        model_type="qwen3_moe",
+        num_hidden_layers=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        tie_word_embeddings=False,
+    ),
     "gemma3_text": dict(
         BASE,
         model_type="gemma3_text",
@@ -134,6 +147,19 @@ def test_quantized_layers_are_the_blocks_values(tmp_path):
         assert mx.allclose(model(ids), blockwise(original, config, kind)(ids), atol=5e-2)
 
 
+def test_quantized_experts_are_the_blocks_values(tmp_path):
+    """Q8_0 stacked experts (and router) as a quantizing converter writes them: read as
+    quantized SwitchGLU projections computing with the blocks' values."""
+    config = CONFIGS["qwen3_moe"]
+    original = random_model(config, seed=2)
+    path = write_gguf(original, config, tmp_path / "moe.gguf", float_type=Q.Q8_0)
+    model, _ = load_model(hub.local_model_path(str(path)), "model")
+    experts = model.model.layers[1].mlp.switch_mlp.down_proj
+    assert experts.bits == 8 and experts.weight.shape[0] == config["num_experts"]
+    ids = mx.array([PROMPT])
+    assert mx.allclose(model(ids), blockwise(original, config, Q.Q8_0)(ids), atol=5e-2)
+
+
 def blockwise(model, config: dict, kind):
     """A copy of `model` whose matrices are what `kind`'s blocks hold (row by row, so llama's
     row permutation does not change them)."""
@@ -141,7 +167,7 @@ def blockwise(model, config: dict, kind):
 
     def rounded(w):
         array = np.array(w)
-        return mx.array(quants.dequantize(quants.quantize(array, kind), kind)) if w.ndim == 2 else w
+        return mx.array(quants.dequantize(quants.quantize(array, kind), kind)) if w.ndim > 1 else w
 
     copy.update(tree_map(rounded, model.parameters()))
     return copy
