@@ -27,6 +27,14 @@ LAYER_NAMES: Mapping[str, str] = {
     "ffn_down": "mlp.down_proj",
     "ffn_norm": "post_attention_layernorm",
 }
+EXPERT_NAMES: Mapping[str, str] = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+}
+"""A mixture of experts' router and stacked experts ([experts, out, in], as mlx-lm's SwitchGLU
+holds them) in llama.cpp's MoE architectures."""
 TOP_NAMES: Mapping[str, str] = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",

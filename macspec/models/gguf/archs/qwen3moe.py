@@ -12,19 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from macspec.models.gguf.archs.base import LAYER_NAMES, Architecture, Metadata
+from macspec.models.gguf.archs.base import EXPERT_NAMES, LAYER_NAMES, Architecture, Metadata
 from macspec.models.gguf.header import GGUFHeader
 
 
 class Qwen3Moe(Architecture):
     name, model_type = "qwen3moe", "qwen3_moe"
-    layer_names = {
-        **LAYER_NAMES,
-        "ffn_gate_inp": "mlp.gate",
-        "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
-        "ffn_up_exps": "mlp.switch_mlp.up_proj",
-        "ffn_down_exps": "mlp.switch_mlp.down_proj",
-    }
+    layer_names = {**LAYER_NAMES, **EXPERT_NAMES}
 
     def extra_config(
         self, header: GGUFHeader, key: Metadata, config: dict[str, Any]
