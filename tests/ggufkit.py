@@ -80,6 +80,7 @@ GGUF_ARCH = {
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
     "gemma3_text": "gemma3",
+    "phi3": "phi3",
 }
 MOE_NAMES = {"switch_mlp.gate_proj": "experts.gate_proj", "switch_mlp.up_proj": "experts.up_proj"}
 MOE_NAMES["switch_mlp.down_proj"] = "experts.down_proj"
@@ -144,6 +145,14 @@ def write_gguf(
         writer.add_rope_dimension_count(hidden // heads)
     if arch == "gemma3":
         writer.add_sliding_window(config["sliding_window"])
+    if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters
+        scaling = config.get("rope_scaling") or {}
+        writer.add_rope_dimension_count(int(config["partial_rotary_factor"] * hidden) // heads)
+        writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
+        writer.add_sliding_window(0)
+        if scaling:  # Phi3MiniModel.generate_extra_tensors
+            writer.add_tensor("rope_factors_long.weight", np.float32(scaling["long_factor"]))
+            writer.add_tensor("rope_factors_short.weight", np.float32(scaling["short_factor"]))
     if "num_experts" in config:  # TextModel.set_gguf_parameters, Qwen2MoeModel's
         writer.add_expert_count(config["num_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])

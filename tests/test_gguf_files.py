@@ -62,6 +62,12 @@ CONFIGS = {
         rope_theta=1_000_000.0,
     ),
 }
+CONFIGS["phi3"] = dict(  # Phi3MiniModel: fused qkv, gate_up; partial rotary; LongRoPE; tied
+    BASE, model_type="phi3", num_hidden_layers=2, partial_rotary_factor=0.75,
+    original_max_position_embeddings=64, tie_word_embeddings=True,
+    rope_scaling=dict(type="longrope", long_factor=[1.0, 1.5, 2.0, 4.0, 8.0, 16.0],
+                      short_factor=[1.0, 1.0, 1.2, 1.5, 2.0, 3.0]),
+)  # fmt: skip
 CONFIGS["llama3"] = dict(  # Llama 3.1's rope scaling: a rope_freqs tensor in the file
     CONFIGS["llama"],
     rope_scaling=dict(
