@@ -10,10 +10,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from ggufkit import write_gguf
 from test_gguf_files import CONFIGS, PROMPT, random_model
 
+from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import resident_bytes
@@ -43,21 +45,28 @@ VISION_TENSORS = {
 }
 
 
-def as_ollama_writes_it(source: Path, path: Path) -> Path:
-    """`source` rewritten with the vision tower's keys and tensors and without `OMITTED`."""
+def as_ollama_writes_it(source: Path, path: Path, local: list[bool] | None = None) -> Path:
+    """`source` rewritten as convert_gemma3.go writes a multimodal checkpoint (the vision
+    tower's keys and tensors, without `OMITTED`), or with `local`, a text-only one (its
+    `attention.sliding_window_pattern`: one bool per layer, true where it is local)."""
     reader = GGUFReader(source)
     writer = GGUFWriter(str(path), "gemma3")
+    vision = local is None
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in OMITTED:
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if vision and name in OMITTED:
             continue
         kind = field.types[0]
         sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), kind, sub_type=sub)
-    for name, value in VISION_KEYS.items():
-        writer.add_uint32(name, value)
+    if not vision:
+        writer.add_array("gemma3.attention.sliding_window_pattern", local)
     rng = np.random.default_rng(0)
-    for name, shape in VISION_TENSORS.items():  # the tower first, as Ollama's files hold it
+    for name, shape in VISION_TENSORS.items() if vision else ():  # the tower first, as Ollama's
         writer.add_tensor(name, rng.normal(size=shape).astype(np.float32))
+    for name, value in VISION_KEYS.items() if vision else ():
+        writer.add_uint32(name, value)
     for tensor in reader.tensors:
         shape = tuple(int(n) for n in reversed(tensor.shape))
         writer.add_tensor(tensor.name, np.asarray(tensor.data).reshape(shape))
@@ -100,3 +109,16 @@ def test_a_load_says_the_image_part_is_not_used_in_one_line(tmp_path):
             "is not used yet"
         ]
     assert load_models(hub.local_model_path(str(plain))).warnings == []
+
+
+def test_ollamas_text_only_gemma3_says_its_window_pattern(tmp_path):
+    config = CONFIGS["gemma3_text"]  # every 6th layer global
+    plain = write_gguf(random_model(config, seed=4), config, tmp_path / "plain.gguf")
+    ollama = as_ollama_writes_it(plain, tmp_path / "ollama.gguf", [True] * 5 + [False])
+    ids = mx.array([PROMPT])
+    expected, _ = load_model(hub.local_model_path(str(plain)), "model")
+    model, _ = load_model(hub.local_model_path(str(ollama)), "model")
+    assert mx.array_equal(model(ids), expected(ids))
+    odd = as_ollama_writes_it(plain, tmp_path / "odd.gguf", [True, False, True, True, True, False])
+    with pytest.raises(MacspecError, match="sliding-window pattern that is not one global layer"):
+        hub.local_model_path(str(odd))
