@@ -150,7 +150,10 @@ def write_gguf(
         writer.add_rope_dimension_count(int(config["partial_rotary_factor"] * hidden) // heads)
         writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
         writer.add_sliding_window(0)
-        if scaling:  # Phi3MiniModel.generate_extra_tensors
+        if scaling:  # Phi3MiniModel.generate_extra_tensors (LongRoPE's attention factor too)
+            old = config["original_max_position_embeddings"]
+            scale = config["max_position_embeddings"] / old
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(old)))
             writer.add_tensor("rope_factors_long.weight", np.float32(scaling["long_factor"]))
             writer.add_tensor("rope_factors_short.weight", np.float32(scaling["short_factor"]))
     if "num_experts" in config:  # TextModel.set_gguf_parameters, Qwen2MoeModel's
