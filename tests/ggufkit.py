@@ -143,7 +143,7 @@ def write_gguf(
     if arch == "llama":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(hidden // heads)
-    if arch == "gemma3":
+    if arch == "gemma3" and config.get("sliding_window_pattern") != 1:  # 1: every layer global
         writer.add_sliding_window(config["sliding_window"])
     if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters
         scaling = config.get("rope_scaling") or {}

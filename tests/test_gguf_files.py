@@ -68,6 +68,7 @@ CONFIGS["phi3"] = dict(  # Phi3MiniModel: fused qkv, gate_up; partial rotary; Lo
     rope_scaling=dict(type="longrope", long_factor=[1.0, 1.5, 2.0, 4.0, 8.0, 16.0],
                       short_factor=[1.0, 1.0, 1.2, 1.5, 2.0, 3.0]),
 )  # fmt: skip
+CONFIGS["gemma3_global"] = dict(CONFIGS["gemma3_text"], sliding_window_pattern=1)  # no window key
 CONFIGS["llama3"] = dict(  # Llama 3.1's rope scaling: a rope_freqs tensor in the file
     CONFIGS["llama"],
     rope_scaling=dict(

@@ -45,7 +45,9 @@ VISION_TENSORS = {
 }
 
 
-def as_ollama_writes_it(source: Path, path: Path, local: list[bool] | None = None) -> Path:
+def as_ollama_writes_it(
+    source: Path, path: Path, local: list[bool] | None = None, softcap: float = 0.0
+) -> Path:
     """`source` rewritten as convert_gemma3.go writes a multimodal checkpoint (the vision
     tower's keys and tensors, without `OMITTED`), or with `local`, a text-only one (its
     `attention.sliding_window_pattern`: one bool per layer, true where it is local)."""
@@ -62,6 +64,8 @@ def as_ollama_writes_it(source: Path, path: Path, local: list[bool] | None = Non
         writer.add_key_value(name, field.contents(), kind, sub_type=sub)
     if not vision:
         writer.add_array("gemma3.attention.sliding_window_pattern", local)
+    if softcap:
+        writer.add_float32("gemma3.final_logit_softcapping", softcap)
     rng = np.random.default_rng(0)
     for name, shape in VISION_TENSORS.items() if vision else ():  # the tower first, as Ollama's
         writer.add_tensor(name, rng.normal(size=shape).astype(np.float32))
@@ -122,3 +126,12 @@ def test_ollamas_text_only_gemma3_says_its_window_pattern(tmp_path):
     odd = as_ollama_writes_it(plain, tmp_path / "odd.gguf", [True, False, True, True, True, False])
     with pytest.raises(MacspecError, match="sliding-window pattern that is not one global layer"):
         hub.local_model_path(str(odd))
+
+
+def test_a_final_logit_softcap_is_one_line(tmp_path):
+    """llama.cpp applies it, mlx-lm's gemma3_text does not: refused, not run otherwise."""
+    config = CONFIGS["gemma3_text"]
+    plain = write_gguf(random_model(config, seed=4), config, tmp_path / "plain.gguf")
+    capped = as_ollama_writes_it(plain, tmp_path / "capped.gguf", [True] * 5 + [False], 30.0)
+    with pytest.raises(MacspecError, match=r"a final logit softcap \(30\) is not supported yet"):
+        hub.local_model_path(str(capped))

@@ -62,10 +62,13 @@ class Gemma3(Architecture):
             config["hidden_size"],
             config["num_attention_heads"],
         )
-        window = int(key("attention.sliding_window", 512))
+        context = config["max_position_embeddings"]
+        window = int(key("attention.sliding_window", 0))
+        _check_softcap(header, key, blocks, window < context)
         extra: dict[str, Any] = {
-            "sliding_window": window,
-            "sliding_window_pattern": _sliding_pattern(header, key, blocks),
+            # llama.cpp: no window (converters omit it when every layer is global), no SWA
+            "sliding_window": window or context,
+            "sliding_window_pattern": _sliding_pattern(header, key, blocks) if window else 1,
             "rope_local_base_freq": float(
                 key("rope.freq_base_swa", key("rope.local.freq_base", LOCAL_ROPE_BASE))
             ),
@@ -74,7 +77,7 @@ class Gemma3(Architecture):
             "query_pre_attn_scalar": hidden // heads if blocks == 62 else config["head_dim"],
         }
         scale = key.get("rope.scaling.factor")
-        if scale is None and has_vision(header) and window < config["max_position_embeddings"]:
+        if scale is None and has_vision(header) and window < context:
             scale = ROPE_SCALE_BY_BLOCKS.get(blocks)
         if scale is not None and float(scale) != 1.0:
             extra["rope_scaling"] = {"type": "linear", "factor": float(scale)}
@@ -117,12 +120,26 @@ def _with_ollama_defaults(header: GGUFHeader) -> GGUFHeader:
     return replace(header, metadata={**meta, **missing}) if missing else header
 
 
+def _check_softcap(header: GGUFHeader, key: Metadata, blocks: int, windowed: bool) -> None:
+    """One line for a final logit softcap, which llama.cpp applies and mlx-lm's gemma3_text
+    does not; but Ollama's engine drops the 30.0 its older converter wrote for Gemma 3 1B
+    (model_text.go: 26 blocks, a window shorter than the context), and so does this."""
+    softcap = float(key("final_logit_softcapping", 0.0))
+    if softcap > 0 and not (blocks == 26 and windowed):
+        raise MacspecError(
+            f"{header.path}: a final logit softcap ({softcap:g}) is not supported yet for gemma3"
+        )
+
+
 def _sliding_pattern(header: GGUFHeader, key: Metadata, blocks: int) -> int:
-    """Ollama's `attention.sliding_window_pattern` (one bool per layer, true: local), which
-    mlx-lm holds as one period; llama.cpp's fixed period without it."""
+    """`attention.sliding_window_pattern` as mlx-lm's period: llama.cpp's `load_swa_pattern`
+    reads a period or (Ollama's converter) one bool per layer, true where it is local; 6
+    without it."""
     local = key.get("attention.sliding_window_pattern")
     if local is None:
         return SLIDING_PATTERN
+    if isinstance(local, int):
+        return local
     local = np.asarray(local, dtype=bool)
     period = int(np.argmin(local)) + 1
     if (
