@@ -155,16 +155,18 @@ def test_quantized_layers_are_the_blocks_values(tmp_path):
 
 
 def test_quantized_experts_are_the_blocks_values(tmp_path):
-    """Q8_0 stacked experts (and router) as a quantizing converter writes them: read as
-    quantized SwitchGLU projections computing with the blocks' values."""
+    """Q8_0 and Q5_0 (read through kquants) stacked experts and router as a quantizing
+    converter writes them: read as quantized SwitchGLU projections computing with the blocks'
+    values."""
     config = CONFIGS["qwen3_moe"]
     original = random_model(config, seed=2)
-    path = write_gguf(original, config, tmp_path / "moe.gguf", float_type=Q.Q8_0)
-    model, _ = load_model(hub.local_model_path(str(path)), "model")
-    experts = model.model.layers[1].mlp.switch_mlp.down_proj
-    assert experts.bits == 8 and experts.weight.shape[0] == config["num_experts"]
-    ids = mx.array([PROMPT])
-    assert mx.allclose(model(ids), blockwise(original, config, Q.Q8_0)(ids), atol=5e-2)
+    for kind, bits in ((Q.Q8_0, 8), (Q.Q5_0, 5)):
+        path = write_gguf(original, config, tmp_path / f"{kind.name}.gguf", float_type=kind)
+        model, _ = load_model(hub.local_model_path(str(path)), "model")
+        experts = model.model.layers[1].mlp.switch_mlp.down_proj
+        assert experts.bits == bits and experts.weight.shape[0] == config["num_experts"]
+        ids = mx.array([PROMPT])
+        assert mx.allclose(model(ids), blockwise(original, config, kind)(ids), atol=5e-2), kind
 
 
 def blockwise(model, config: dict, kind):
