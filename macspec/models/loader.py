@@ -15,7 +15,7 @@ from mlx_lm.utils import load_tokenizer
 
 from macspec.engine.drafters.suffix import SaidTokens
 from macspec.errors import MacspecError
-from macspec.models.gguf.folder import gguf_source
+from macspec.models.gguf.folder import gguf_notices, gguf_source
 from macspec.models.gguf.load import load_gguf_model
 from macspec.models.tokenizers import fingerprint
 
@@ -254,6 +254,7 @@ def load_models(
     """
     target, tokenizer = load_model(target_path, "model", group)
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
+    loaded.warnings.extend(gguf_notices(target_path))
     if draft_path is None:
         return loaded
     draft = load_checked_draft(loaded, draft_path, target_name, draft_name)

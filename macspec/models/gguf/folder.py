@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from macspec.errors import MacspecError
+from macspec.models.gguf.archs import notices
 from macspec.models.gguf.config import build_config, check_architecture
 from macspec.models.gguf.header import MAGIC, GGUFHeader
 from macspec.models.gguf.layout import default_layout
@@ -82,6 +83,8 @@ def gguf_folder(path: Path) -> Path:
         # itself ignores it: the weights' own dtypes decide).
         config["torch_dtype"] = compute_dtype(header, default_layout())
         config[GGUF_KEY] = {"file": str(path), "identity": identity}
+        if notices(header):  # each load says them (a vision tower not used)
+            config[GGUF_KEY]["notices"] = notices(header)
         _write_whole(folder, header, config)
     return folder
 
@@ -110,6 +113,14 @@ def gguf_entry(folder: Path) -> dict[str, str] | None:
         return None
     entry = config.get(GGUF_KEY) if isinstance(config, dict) else None
     return entry if isinstance(entry, dict) and "file" in entry else None
+
+
+def gguf_notices(folder: Path) -> list[str]:
+    """What loading a derived folder's file should say that is not an error; [] for any
+    other folder."""
+    entry = gguf_entry(folder) or {}
+    said = entry.get("notices")
+    return [str(line) for line in said] if isinstance(said, list) else []
 
 
 def gguf_source(folder: Path) -> Path | None:
