@@ -114,7 +114,7 @@ def write_model(
                 "bits": bits,
                 "mode": mode,
             }
-        metadata = {"quant_type": kind, "group_size": str(QUANT[kind][0])} if kind else {}
+        metadata = blob_metadata(kind)
         if ".mlp.experts." in name and per_expert:
             layers += _per_expert_layers(store, name, weight, kind)
         elif ".mlp.experts." in name:
@@ -127,7 +127,7 @@ def write_model(
     for prefix, (arrays, metadata) in experts.items():
         layers.append(tensor_layer(store, f"{prefix}.mlp.experts", arrays, metadata))
     if draft is not None:
-        layers += draft_layers(store, *draft)
+        layers += draft_layers(store, *draft, base)
     layers += tokenizer_layers(store, config)
     manifest = store.add(
         model_name,
@@ -146,19 +146,26 @@ def _per_expert_layers(store: OllamaStore, name: str, weight: mx.array, kind: st
     for index in range(weight.shape[0]):
         one = f"{head}.mlp.experts.{index}.{proj}"
         arrays = quantized_arrays(one, weight[index], kind) if kind else {one: weight[index]}
-        metadata = {"quant_type": kind, "group_size": str(QUANT[kind][0])} if kind else {}
-        layers.append(tensor_layer(store, one, arrays, metadata))
+        layers.append(tensor_layer(store, one, arrays, blob_metadata(kind)))
     return layers
 
 
-def draft_layers(store: OllamaStore, draft: nn.Module, draft_config: dict) -> list[dict]:
-    """x/create/draft.go: the draft's tensors under `draft.`, its config as draft/config.json."""
-    layers = [
-        tensor_layer(store, f"draft.{key}", {f"draft.{key}": weight}, {})
-        for key, weight in tree_flatten(draft.parameters())
-    ]
-    layers.append(json_layer(store, "draft/config.json", json.dumps(draft_config).encode()))
+def draft_layers(store: OllamaStore, draft: nn.Module, config: dict, base: str | None):
+    """x/create/draft.go: the draft's tensors under `draft.` (quantized as the target's), its
+    config as draft/config.json."""
+    layers = []
+    for key, weight in tree_flatten(draft.parameters()):
+        name = f"draft.{key}"
+        kind = quant_type(name, weight.shape, base)
+        arrays = quantized_arrays(name, weight, kind) if kind else {name: weight}
+        layers.append(tensor_layer(store, name, arrays, blob_metadata(kind)))
+    layers.append(json_layer(store, "draft/config.json", json.dumps(config).encode()))
     return layers
+
+
+def blob_metadata(kind: str | None) -> dict[str, str]:
+    """A one-tensor blob's `__metadata__` (none when the tensor is kept unquantized)."""
+    return {"quant_type": kind, "group_size": str(QUANT[kind][0])} if kind else {}
 
 
 def tokenizer_layers(store: OllamaStore, config: dict) -> list[dict]:

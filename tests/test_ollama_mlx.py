@@ -3,6 +3,7 @@ greedy ids as mlx-lm on the same arrays, for every quantization Ollama writes.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -88,3 +89,35 @@ def test_a_second_use_reads_the_derived_folder(store, tmp_path):
     stamp = (first / "config.json").stat().st_mtime_ns
     assert hub.local_model_path("tiny:q") == first
     assert (first / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_a_carried_dflash_draft_drafts_losslessly(store, tmp_path, capsys):
+    """x/create/draft.go's `draft.` DFlash drafter: `--draft dflash` and `--draft auto` take
+    it; greedy tokens are the target alone's."""
+    from dflashkit import dflash_config, save_dflash_folder
+    from test_hidden_drafters import run
+
+    from macspec.engine.drafters.dflash import DFlashConfig, DFlashModel
+    from macspec.models.drafters import load_dflash
+
+    drafter_folder = save_dflash_folder(tmp_path / "dflash", target_layer_ids=(0, 1))
+    config = dflash_config(target_layer_ids=(0, 1))
+    drafter = DFlashModel(DFlashConfig.from_dict(config), 64)
+    drafter.load_weights(str(drafter_folder / "model.safetensors"))
+    target = arch_model("qwen3", 0, scale=3.0)
+    draft = (drafter, config)
+    write_model(
+        store, "tiny:dflash", target, arch_config("qwen3"), "int4", tmp_path / "r", draft=draft
+    )
+    folder = hub.local_model_path("tiny:dflash")
+    carried = load_dflash(folder / "draft", arch_config("qwen3"))
+    assert carried.layers[0].self_attn.q_proj.bits == 4  # quantized as Ollama stored it
+
+    base = ["run", "The quick brown fox", "--model", "tiny:dflash", "--json", "--max-tokens", "16"]
+    plain = json.loads(run(capsys, *base, "--no-draft")[1])
+    for draft_flag, name in (("dflash", "dflash"), ("auto", "auto")):
+        code, out, err = run(capsys, *base, "--draft", draft_flag, "-k", "3")
+        assert code == 0, err
+        record = json.loads(out)
+        assert record["drafter"] == name and record["tokens"] == plain["tokens"]
+        assert record["stats"]["draft_proposed"] > 0

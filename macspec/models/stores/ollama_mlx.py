@@ -32,6 +32,8 @@ FORMAT = 1
 """The derived folder's layout; a change here derives every folder again."""
 DRAFT_PREFIX = "draft."
 """x/create/draft.go: a draft's tensors, namespaced inside the target's manifest."""
+DRAFT_CONFIG = "draft/config.json"
+"""x/create/draft.go: the draft's config.json layer (its other JSON files beside it)."""
 
 QUANT_TYPES = {
     "int4": (64, 4, "affine"),
@@ -84,10 +86,13 @@ def _blobs(data: dict[str, Any], root: Path, given: str, media_type: str) -> dic
     return found
 
 
-def tensor_blobs(data: dict[str, Any], root: Path, given: str) -> dict[str, Path]:
-    """The target's tensor blobs by tensor name (a draft's, `draft.`, left out)."""
+def tensor_blobs(
+    data: dict[str, Any], root: Path, given: str, draft: bool = False
+) -> dict[str, Path]:
+    """The target's tensor blobs by tensor name (a draft's, `draft.`, left out), or with
+    `draft` the draft's alone."""
     blobs = _blobs(data, root, given, TENSOR)
-    return {name: path for name, path in blobs.items() if not name.startswith(DRAFT_PREFIX)}
+    return {k: v for k, v in blobs.items() if k.startswith(DRAFT_PREFIX) == draft}
 
 
 def json_blobs(data: dict[str, Any], root: Path, given: str) -> dict[str, Path]:
@@ -138,9 +143,11 @@ def blob_header(path: Path, given: str) -> dict[str, Any]:
     return header
 
 
-def module_quantization(header: dict[str, Any], given: str) -> dict[str, dict[str, Any]]:
-    """mlx-lm's quantization of each module a blob holds quantized (its mlx-lm path: its
-    group size, bits and mode), from the blob's metadata (x/create/quantize.go)."""
+def module_quantization(
+    header: dict[str, Any], given: str, prefix: str = ""
+) -> dict[str, dict[str, Any]]:
+    """mlx-lm's quantization of each module a blob holds quantized (its mlx-lm path, less
+    `prefix`: its group size, bits and mode), from the blob's metadata (x/create/quantize.go)."""
     metadata = header.get("__metadata__") or {}
     found = {}
     for key in header:
@@ -157,17 +164,17 @@ def module_quantization(header: dict[str, Any], given: str) -> dict[str, dict[st
             raise MacspecError(f"{given}: tensor {key} has quantization {kind!r}, not one MLX runs")
         group, bits, mode = QUANT_TYPES[kind]
         group = int(metadata.get(f"{key}.group_size") or metadata.get("group_size") or group)
-        module = mlx_name(key).removesuffix(".weight")
+        module = mlx_name(key).removesuffix(".weight").removeprefix(prefix)
         found[module] = {"group_size": group, "bits": bits, "mode": mode}
     return found
 
 
-def quantization(blobs: dict[str, Path], given: str) -> dict[str, Any] | None:
+def quantization(blobs: dict[str, Path], given: str, prefix: str = "") -> dict[str, Any] | None:
     """mlx-lm's `quantization` config: the most common setting, and every quantized module by
     name (mlx-lm then quantizes exactly those); None when nothing is quantized."""
     modules: dict[str, dict[str, Any]] = {}
     for path in blobs.values():
-        modules.update(module_quantization(blob_header(path, given), given))
+        modules.update(module_quantization(blob_header(path, given), given, prefix))
     if not modules:
         return None
     common = Counter(tuple(q.items()) for q in modules.values()).most_common(1)[0][0]
@@ -192,21 +199,62 @@ def tensor_folder(data: dict[str, Any], manifest: Path, root: Path, given: str) 
     quantized = quantization(tensors, given)
     if quantized is not None:
         config["quantization"] = quantized
-    blobs = sorted({str(path) for path in tensors.values()})
-    config[ENTRY] = {"manifest": str(manifest), "blobs": blobs}
-    _write_whole(folder, jsons, config)
+    config[ENTRY] = {"manifest": str(manifest), "blobs": sorted({str(p) for p in tensors.values()})}
+    written = {"config.json": config}
+    draft = draft_config(data, manifest, root, given, jsons)
+    if draft is not None:
+        written[DRAFT_CONFIG] = draft
+    _write_whole(folder, jsons, written)
     return folder
 
 
-def _write_whole(folder: Path, jsons: dict[str, Path], config: dict[str, Any]) -> None:
-    """config.json and the manifest's other JSON files (a draft's under draft/), no weights."""
+def draft_config(
+    data: dict[str, Any], manifest: Path, root: Path, given: str, jsons: dict[str, Path]
+) -> dict[str, Any] | None:
+    """The config.json of the draft a manifest carries (x/create/draft.go: `draft.` tensors,
+    a draft/config.json layer), naming its blobs as the target's names its own, with its
+    quantization by the drafter's module names (less `draft.`, and `model.` as load_dflash
+    reads z-lab's names); None without a draft."""
+    tensors = tensor_blobs(data, root, given, draft=True)
+    if not tensors or DRAFT_CONFIG not in jsons:
+        return None
+    try:
+        config = json.loads(jsons[DRAFT_CONFIG].read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        raise MacspecError(f"{given}: its {DRAFT_CONFIG} layer is not a JSON object")
+    quantized = quantization(tensors, given, DRAFT_PREFIX)
+    if quantized is not None:
+        names = {k.removeprefix("model."): v for k, v in quantized.items()}
+        config["quantization"] = names
+    blobs = sorted({str(p) for p in tensors.values()})
+    config[ENTRY] = {"manifest": str(manifest), "blobs": blobs, "prefix": DRAFT_PREFIX}
+    return config
+
+
+def carried_head(folder: Path, kind: str) -> Path | None:
+    """The drafter of `kind` ('dflash', ...) a derived folder's manifest carries, or None."""
+    draft = folder / Path(DRAFT_CONFIG).parent
+    if tensor_entry(folder) is None or tensor_entry(draft) is None:
+        return None
+    from macspec.models.drafters import drafter_kind
+
+    return draft if drafter_kind(draft) == kind else None
+
+
+def _write_whole(folder: Path, jsons: dict[str, Path], written: dict[str, dict]) -> None:
+    """The manifest's JSON files (a draft's under draft/), the configs in `written` as
+    derived; no weights."""
 
     def fill(partial: Path) -> None:
         for name, path in jsons.items():
-            if name != "config.json" and ".." not in Path(name).parts:
+            if name not in written and ".." not in Path(name).parts:
                 (partial / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, partial / name)
-        (partial / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+        for name, config in written.items():
+            (partial / name).parent.mkdir(parents=True, exist_ok=True)
+            (partial / name).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     write_folder_whole(folder, fill, "the Ollama model folder")
 
@@ -227,7 +275,7 @@ def carried_drafts(data: dict[str, Any], jsons: dict[str, Path]) -> tuple[str, .
     if not any(str(layer.get("name", "")).startswith(DRAFT_PREFIX) for layer in data["layers"]):
         return ()
     try:
-        config = json.loads(jsons["draft/config.json"].read_text(encoding="utf-8"))
+        config = json.loads(jsons[DRAFT_CONFIG].read_text(encoding="utf-8"))
     except (KeyError, OSError, ValueError):
         return ("draft",)
     if isinstance(config, dict) and "dflash_config" in config:

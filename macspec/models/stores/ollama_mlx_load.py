@@ -18,9 +18,10 @@ _ONE_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(.+)$")
 """An expert's own tensor (older stores): `...mlp.experts.3.gate_proj.weight`."""
 
 
-def read_blobs(blobs: list[str], folder: Path) -> dict[str, mx.array]:
-    """Every tensor of the blobs, under mlx-lm's names; experts stored one per index (older
-    stores) stacked as mlx-lm's SwitchGLU holds them ([E, out, in], as newer stores do)."""
+def read_blobs(blobs: list[str], folder: Path, prefix: str = "") -> dict[str, mx.array]:
+    """Every tensor of the blobs, under mlx-lm's names (less `prefix`: a draft's `draft.`);
+    experts stored one per index (older stores) stacked as mlx-lm's SwitchGLU holds them
+    ([E, out, in], as newer stores do)."""
     weights: dict[str, mx.array] = {}
     experts: dict[str, dict[int, mx.array]] = {}
     for blob in blobs:
@@ -29,7 +30,7 @@ def read_blobs(blobs: list[str], folder: Path) -> dict[str, mx.array]:
         for name, array in mx.load(blob, format="safetensors").items():
             one = _ONE_EXPERT.match(name)
             if one is None:
-                weights[mlx_name(name)] = array
+                weights[mlx_name(name).removeprefix(prefix)] = array
             else:
                 stacked = mlx_name(f"{one[1]}.{one[3]}")
                 experts.setdefault(stacked, {})[int(one[2])] = array
