@@ -121,3 +121,15 @@ def test_a_carried_dflash_draft_drafts_losslessly(store, tmp_path, capsys):
         record = json.loads(out)
         assert record["drafter"] == name and record["tokens"] == plain["tokens"]
         assert record["stats"]["draft_proposed"] > 0
+
+
+def test_modules_a_sanitize_renamed_are_quantized_as_their_arrays_say(store, tmp_path):
+    """A module the derived map does not name (a VLM's sanitize renames its paths) is quantized
+    as mlx-lm infers it from its arrays: mode included (mxfp4 and its mxfp8 promotions)."""
+    model = arch_model("qwen3", 0, scale=3.0)
+    written = write_model(store, "tiny:fp4", model, arch_config("qwen3"), "mxfp4", tmp_path / "r")
+    folder = hub.local_model_path("tiny:fp4")
+    config = json.loads((folder / "config.json").read_text())
+    kept = {k: v for k, v in config["quantization"].items() if "layers.1." not in k}
+    (folder / "config.json").write_text(json.dumps({**config, "quantization": kept}))
+    assert_same_model("tiny:fp4", written, store.root)

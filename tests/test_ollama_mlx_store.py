@@ -117,3 +117,41 @@ def test_a_blob_gone_after_the_folder_was_derived_is_one_line(store, tmp_path):
     damage_missing(written.manifest, store.root)
     with pytest.raises(MacspecError, match="is missing; pull it again"):
         hub.local_model_path("tiny:q")
+
+
+def test_the_listing_names_a_carried_draft(store, tmp_path, capsys, monkeypatch):
+    from dflashkit import dflash_config
+
+    from macspec.engine.drafters.dflash import DFlashConfig, DFlashModel
+
+    config = dflash_config(target_layer_ids=(0, 1))
+    drafter = DFlashModel(DFlashConfig.from_dict(config), 64)
+    draft = (drafter, config)
+    target = arch_model("qwen3", 0)
+    write_model(
+        store, "t:dflash", target, arch_config("qwen3"), "int4", tmp_path / "r", draft=draft
+    )
+    (row,) = local_models()
+    assert row.about is not None and row.about.carried_drafts == ("dflash",)
+    code, out, err = run_cli(capsys, monkeypatch, "models", "--local", "--json")
+    assert code == 0, err
+    (entry,) = [e for e in json.loads(out) if e["name"] == "t:dflash"]
+    assert entry["carried_drafts"] == ["dflash"] and entry["architecture"] == "qwen3"
+
+
+def test_nvfp4_with_a_global_scale_is_one_line():
+    """ModelOpt's nvfp4 keeps a global scale MLX's quantized layers do not take."""
+    from macspec.models.stores.ollama_mlx import module_quantization
+
+    header = {
+        "__metadata__": {"quant_type": "nvfp4", "group_size": "16"},
+        "a.weight": {},
+        "a.weight.scale": {},
+        "a.weight.global_scale": {},
+    }
+    with pytest.raises(MacspecError, match="a.weight is nvfp4 with a global scale"):
+        module_quantization(header, "m:q")
+    del header["a.weight.global_scale"]
+    assert module_quantization(header, "m:q") == {
+        "a": {"group_size": 16, "bits": 4, "mode": "nvfp4"}
+    }

@@ -41,7 +41,7 @@ def read_blobs(blobs: list[str], folder: Path, prefix: str = "") -> dict[str, mx
 
 def load_tensor_model(folder: Path) -> nn.Module:
     """The model of a derived Ollama MLX folder; one line when a blob went or does not fit."""
-    from mlx_lm.utils import _get_classes, load_config
+    from mlx_lm.utils import _get_classes, infer_quant_config, load_config
 
     entry = tensor_entry(folder)
     if entry is None:
@@ -54,10 +54,15 @@ def load_tensor_model(folder: Path) -> nn.Module:
         weights = model.sanitize(weights)
     quantized = config.get("quantization")
     if quantized:
-        # Exactly the modules the blobs hold quantized, each with its own settings.
-        def predicate(path: str, _module: nn.Module) -> dict | bool:
+        # The modules the blobs hold quantized, each with its own settings; one a model's
+        # sanitize renamed (a VLM's language_model.*), as mlx-lm infers it from its arrays.
+        def predicate(path: str, module: nn.Module) -> dict | bool:
             settings = quantized.get(path)
-            return settings if isinstance(settings, dict) else False
+            if isinstance(settings, dict):
+                return settings
+            if f"{path}.scales" in weights and hasattr(module, "to_quantized"):
+                return infer_quant_config(path, module, weights)
+            return False
 
         nn.quantize(
             model,
