@@ -76,6 +76,7 @@ def load_tensor_model(folder: Path) -> nn.Module:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as exc:
         reason = " ".join(str(exc).split())
+        reason = reason if len(reason) < 300 else reason[:300] + "..."  # mlx names them all
         raise MacspecError(
             f"{entry['manifest']}: its tensors do not fit its config ({reason})"
         ) from None
