@@ -95,9 +95,12 @@ def test_a_carried_dflash_draft_drafts_losslessly(store, tmp_path, capsys):
     """x/create/draft.go's `draft.` DFlash drafter: `--draft dflash` and `--draft auto` take
     it; greedy tokens are the target alone's."""
     from dflashkit import dflash_config, save_dflash_folder
+    from losslesskit import PROMPTS, done_of
     from test_hidden_drafters import run
 
-    from macspec.engine.drafters.dflash import DFlashConfig, DFlashModel
+    from macspec.engine.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModel
+    from macspec.engine.generate.loop import Engine, GenerationConfig
+    from macspec.engine.policy.length import FixedPolicy
     from macspec.models.drafters import load_dflash
 
     drafter_folder = save_dflash_folder(tmp_path / "dflash", target_layer_ids=(0, 1))
@@ -112,6 +115,12 @@ def test_a_carried_dflash_draft_drafts_losslessly(store, tmp_path, capsys):
     folder = hub.local_model_path("tiny:dflash")
     carried = load_dflash(folder / "draft", arch_config("qwen3"))
     assert carried.layers[0].self_attn.q_proj.bits == 4  # quantized as Ollama stored it
+    model, tokenizer = load_model(folder, "model")
+    engine = Engine(model, tokenizer, DFlashDrafter(carried, model), FixedPolicy(3))
+    for text in PROMPTS[:5]:  # the target alone's tokens, with guesses proposed
+        prompt = tokenizer.encode(text)
+        done = done_of(engine.generate(prompt, GenerationConfig(max_tokens=16)))
+        assert done.tokens == reference(model, prompt, 16) and done.stats.draft_proposed > 0
 
     base = ["run", "The quick brown fox", "--model", "tiny:dflash", "--json", "--max-tokens", "16"]
     plain = json.loads(run(capsys, *base, "--no-draft")[1])
