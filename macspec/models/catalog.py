@@ -129,10 +129,12 @@ class ResolvedModels:
     """With `--draft-model auto`: one line saying which draft was picked, and why."""
 
     def head(self, kind: str) -> Path | None:
-        """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
-        none."""
+        """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk, else the one the
+        target's Ollama manifest carries; None when it has none."""
         if self.pair is None or kind not in self.pair.heads:
-            return None
+            from macspec.models.stores.ollama_mlx import carried_head
+
+            return carried_head(self.target, kind)
         return _pair_model_path(self.pair, self.pair.heads[kind])
 
 

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,7 @@ from macspec.models.gguf.report import deriving
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import compute_dtype, readable_types, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
-from macspec.models.home import check_folder_path, macspec_home
+from macspec.models.home import macspec_home, write_folder_whole
 
 GGUF_KEY = "gguf"
 """config.json's entry naming the file: {"file": absolute path, "identity": its hash}."""
@@ -90,19 +87,11 @@ def gguf_folder(path: Path) -> Path:
 
 
 def _write_whole(folder: Path, header: GGUFHeader, config: dict[str, Any]) -> None:
-    """The folder written in a temporary sibling, then renamed: whole or not at all."""
-    check_folder_path(folder.parent, "the converted GGUF folder", "set MACSPEC_HOME elsewhere")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    def fill(partial: Path) -> None:
         write_tokenizer(header, partial)
         (partial / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        os.replace(partial, folder)
-    except OSError:
-        if not (folder / "config.json").is_file():  # not another process's folder, won the race
-            raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+
+    write_folder_whole(folder, fill, "the converted GGUF folder")
 
 
 def gguf_entry(folder: Path) -> dict[str, str] | None:
