@@ -74,7 +74,17 @@ def llama_reference_folder(gguf: Path, folder: Path) -> Path:
 
 
 # -- tiny random models written as llama.cpp's convert_hf_to_gguf.py writes them ---------------
-GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+GGUF_ARCH = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+}
+MOE_NAMES = {"switch_mlp.gate_proj": "experts.gate_proj", "switch_mlp.up_proj": "experts.up_proj"}
+MOE_NAMES["switch_mlp.down_proj"] = "experts.down_proj"
+"""mlx-lm's stacked experts by the name Qwen2MoeModel.modify_tensors gives its stack."""
 
 
 def llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -133,8 +143,23 @@ def write_gguf(
     if arch == "llama":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(hidden // heads)
-    if arch == "gemma3":
+    if arch == "gemma3" and config.get("sliding_window_pattern") != 1:  # 1: every layer global
         writer.add_sliding_window(config["sliding_window"])
+    if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters
+        scaling = config.get("rope_scaling") or {}
+        writer.add_rope_dimension_count(int(config["partial_rotary_factor"] * hidden) // heads)
+        writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
+        writer.add_sliding_window(0)
+        if scaling:  # Phi3MiniModel.generate_extra_tensors (LongRoPE's attention factor too)
+            old = config["original_max_position_embeddings"]
+            scale = config["max_position_embeddings"] / old
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(old)))
+            writer.add_tensor("rope_factors_long.weight", np.float32(scaling["long_factor"]))
+            writer.add_tensor("rope_factors_short.weight", np.float32(scaling["short_factor"]))
+    if "num_experts" in config:  # TextModel.set_gguf_parameters, Qwen2MoeModel's
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     for key, value in (meta or {}).items():
         writer.add_string(key, value) if isinstance(value, str) else writer.add_uint32(key, value)
     if callable(tokenizer):
@@ -149,7 +174,9 @@ def write_gguf(
             array = llama_permute(array, kv_heads)
         if arch == "gemma3" and name.endswith("norm.weight"):
             array = array + 1  # Gemma3Model.modify_tensors: llama.cpp multiplies by w, not 1 + w
-        kind = float_type if array.ndim == 2 else GGMLQuantizationType.F32  # norms stay F32
+        kind = float_type if array.ndim >= 2 else GGMLQuantizationType.F32  # norms stay F32
+        for mlx_part, hf_part in MOE_NAMES.items():
+            name = name.replace(mlx_part, hf_part)
         writer.add_tensor(
             gguf_name(name, arch, config["num_hidden_layers"]),
             _encoded(array, kind),

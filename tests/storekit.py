@@ -74,6 +74,7 @@ class OllamaStore:
         extra: list[dict] | None = None,
         host: str = "registry.ollama.ai",
         namespace: str = "library",
+        config: dict | None = None,
     ) -> Path:
         """A manifest `host/namespace/model/tag` with its config, model, template and params
         layers, in the order `ollama create` writes them; the manifest's path."""
@@ -86,7 +87,7 @@ class OllamaStore:
         if params is not None:
             layers.append({"mediaType": LAYER + "params", **self.blob(json.dumps(params).encode())})
         layers.extend(extra or [])
-        config = {
+        config = {  # Ollama's ConfigV2 (`config`: what differs, an MLX model's `safetensors`)
             "model_format": "gguf",
             "model_family": "llama",
             "model_families": ["llama"],
@@ -95,6 +96,7 @@ class OllamaStore:
             "architecture": "amd64",
             "os": "linux",
             "rootfs": {"type": "layers", "diff_ids": [layer["digest"] for layer in layers]},
+            **(config or {}),
         }
         manifest = {
             "schemaVersion": 2,

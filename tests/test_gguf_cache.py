@@ -15,6 +15,7 @@ from ggufkit import tiny_gguf
 
 from macspec.cli import main
 from macspec.models import hub
+from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.load import CONVERTED, load_gguf_model
 from macspec.models.home import macspec_home
 
@@ -45,7 +46,7 @@ def test_cache_lists_each_derived_file(loaded, capsys):
     converted = files[loaded["Q5_0"].name]
     folder = Path(converted["folder"])
     assert converted["file"] == str(loaded["Q5_0"]) and converted["file_exists"] is True
-    assert converted["converted_bytes"] == (folder / CONVERTED).stat().st_size > 0
+    assert converted["converted_bytes"] == (folder / CONVERTED[Layout.COMPACT]).stat().st_size > 0
     on_disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     assert converted["bytes"] == on_disk > converted["converted_bytes"]
     assert time.time() - converted["last_used"] < 600
@@ -99,4 +100,4 @@ def test_clear_one_by_name_or_only_the_gguf_files(loaded, capsys):
     # Cleared, the file is derived and converted again by its next load.
     folder = hub.local_model_path(str(loaded["Q5_0"]))
     load_gguf_model(folder)
-    assert (folder / CONVERTED).is_file()
+    assert (folder / CONVERTED[Layout.COMPACT]).is_file()

@@ -22,9 +22,11 @@ from macspec.cli.gguf_notes import conversion_line, gguf_loading
 from macspec.models import hub, memory
 from macspec.models.gguf import load
 from macspec.models.gguf.header import read_header
+from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.load import load_gguf_model
 from macspec.models.gguf.report import Conversion, watch_loads
 from macspec.models.gguf.tensors import read_tensors, resident_bytes
+from macspec.text import byte_size
 
 
 def run_json(capsys, path: Path) -> tuple[dict, str]:
@@ -44,13 +46,15 @@ def test_first_load_says_which_tensors_are_exact_once(tmp_path, capsys, monkeypa
     assert quantized and floats
 
     first, err = run_json(capsys, path)
-    line = f"macspec: {path.name}: {len(header.tensors)} tensors exact (F32, Q5_0)"
+    resident = resident_bytes(header, Layout.COMPACT)
+    sizes = f"compact: {byte_size(resident)} in memory, the file {byte_size(path.stat().st_size)}"
+    line = f"macspec: {path.name} ({sizes}): {len(header.tensors)} tensors exact (F32, Q5_0)"
     assert [text for text in err.splitlines() if path.name in text] == [line]
     [record] = first["gguf"]
     assert record["file"] == str(path) and record["converted"] is True
     assert record["exact"] == {"F32": floats, "Q5_0": quantized} and record["inexact"] == {}
     assert record["file_bytes"] == path.stat().st_size
-    assert record["resident_bytes"] == resident_bytes(header)
+    assert record["resident_bytes"] == resident and record["layout"] == "compact"
 
     second, err = run_json(capsys, path)  # from the cache: nothing to say on stderr
     assert path.name not in err
@@ -67,12 +71,20 @@ def test_a_plain_model_folder_reports_no_gguf(tmp_path, capsys):
 
 
 def test_the_line_names_the_float16_types_apart():
-    conversion = Conversion(
-        Path("/m/gemma.gguf"), {"Q8_0": 10, "F32": 109, "Q4_K": 27}, {"Q6_K": 9}, True, 1, 2
-    )
+    exact, inexact = {"Q8_0": 10, "F32": 109, "Q4_K": 27}, {"Q6_K": 9}
+    conversion = Conversion(Path("/m/gemma.gguf"), exact, inexact, True, 10**9, 2 * 10**9, "exact")
     assert conversion_line(conversion) == (
-        "gemma.gguf: 146 tensors exact (F32, Q4_K, Q8_0), 9 kept as float16 "
-        "(Q6_K: no exact MLX form)"
+        "gemma.gguf (exact: 2.00 GB in memory, the file 1.00 GB): 146 tensors exact (F32, Q4_K,"
+        " Q8_0), 9 not (Q6_K: kept as float16: no exact MLX form)"
+    )
+
+
+def test_the_compact_line_says_what_each_type_lost():
+    exact, inexact = {"Q8_0": 10, "F32": 109}, {"Q4_K": 27, "Q6_K": 9}
+    conversion = Conversion(Path("/m/gemma.gguf"), exact, inexact, True, 10**9, 10**9, "compact")
+    assert conversion_line(conversion) == (
+        "gemma.gguf (compact: 1.00 GB in memory, the file 1.00 GB): 119 tensors exact (F32,"
+        " Q8_0), 36 not (Q4_K: float16 scales; Q6_K: requantized)"
     )
 
 
@@ -105,14 +117,16 @@ def k_quant_file(path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("layout", list(Layout))
 @pytest.mark.parametrize("kind", ["q5_0", "q4_0", "k-quants"])
-def test_the_resident_size_from_the_header_is_the_converted_tensors_bytes(tmp_path, kind):
+def test_the_resident_size_from_the_header_is_the_converted_tensors_bytes(tmp_path, kind, layout):
     if kind == "k-quants":
         path = k_quant_file(tmp_path / "k.gguf")
     else:
         path = tiny_gguf(tmp_path, Q[kind.upper()])
     header = read_header(path)
-    assert resident_bytes(header) == sum(v.nbytes for v in read_tensors(header).values())
+    converted = read_tensors(header, layout)
+    assert resident_bytes(header, layout) == sum(v.nbytes for v in converted.values())
 
 
 def test_progress_is_heard_on_the_first_conversion_only(tmp_path, monkeypatch):
@@ -153,7 +167,7 @@ def test_the_bar_is_drawn_on_a_terminal_only(tmp_path, monkeypatch, terminal):
         # Once every tensor is converted, the bar says what the wait left is for.
         writing = f"{path.name}: writing the converted cache" in err.getvalue()
         assert writing == drawn, which
-        said = f"macspec: {path.name}: " in err.getvalue()
+        said = f"macspec: {path.name} (compact: " in err.getvalue()
         assert said == (which == "first")
 
 
@@ -163,7 +177,7 @@ def test_a_model_that_will_not_fit_is_refused_before_any_weight_is_read(
 ):
     monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
     path = tiny_gguf(tmp_path)
-    need = resident_bytes(read_header(path))
+    need = resident_bytes(read_header(path), Layout.COMPACT)
     monkeypatch.setattr(memory, "usable_memory_bytes", lambda: need + spare)
     if spare < 0:  # not one tensor read, nothing cached
 
@@ -184,7 +198,7 @@ def test_a_model_that_will_not_fit_is_refused_before_any_weight_is_read(
         f"{(need - 1) / 1e9:.2f} GB this machine gives a model; pick a smaller model or "
         "quantization\n"
     )
-    assert not list((tmp_path / "home" / "gguf").glob(f"*/{load.CONVERTED}"))
+    assert not list((tmp_path / "home" / "gguf").glob("*/*.safetensors"))
 
 
 def test_bench_json_names_the_converted_file(tmp_path, capsys, monkeypatch):
@@ -196,6 +210,6 @@ def test_bench_json_names_the_converted_file(tmp_path, capsys, monkeypatch):
     [record] = json.loads(out)["models"]["gguf"]
     assert record["file"] == str(path) and record["converted"] is True
     assert (
-        f"macspec: {path.name}: {len(read_header(path).tensors)} tensors exact (F32, Q5_0)"
-        in err.splitlines()
+        f"{len(read_header(path).tensors)} tensors exact (F32, Q5_0)" in err
+        and f"macspec: {path.name} (compact: " in err
     )

@@ -19,6 +19,7 @@ from macspec.cli import main
 from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.gguf.header import read_header
+from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.tensors import read_tensors
 from macspec.models.home import macspec_home
 from macspec.models.loader import load_model
@@ -38,6 +39,19 @@ CONFIGS = {
     "qwen3": dict(
         BASE, model_type="qwen3", num_hidden_layers=2, head_dim=32, tie_word_embeddings=False
     ),
+    "qwen3_moe": dict(  # Qwen3MoeModel: experts stacked per projection, a router
+        BASE,
+        model_type="qwen3_moe",
+        num_hidden_layers=2,
+        head_dim=16,
+        tie_word_embeddings=False,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    ),
     "gemma3_text": dict(
         BASE,
         model_type="gemma3_text",
@@ -49,6 +63,13 @@ CONFIGS = {
         rope_theta=1_000_000.0,
     ),
 }
+CONFIGS["phi3"] = dict(  # Phi3MiniModel: fused qkv, gate_up; partial rotary; LongRoPE; tied
+    BASE, model_type="phi3", num_hidden_layers=2, partial_rotary_factor=0.75,
+    original_max_position_embeddings=64, tie_word_embeddings=True,
+    rope_scaling=dict(type="longrope", long_factor=[1.0, 1.5, 2.0, 4.0, 8.0, 16.0],
+                      short_factor=[1.0, 1.0, 1.2, 1.5, 2.0, 3.0]),
+)  # fmt: skip
+CONFIGS["gemma3_global"] = dict(CONFIGS["gemma3_text"], sliding_window_pattern=1)  # no window key
 CONFIGS["llama3"] = dict(  # Llama 3.1's rope scaling: a rope_freqs tensor in the file
     CONFIGS["llama"],
     rope_scaling=dict(
@@ -134,6 +155,21 @@ def test_quantized_layers_are_the_blocks_values(tmp_path):
         assert mx.allclose(model(ids), blockwise(original, config, kind)(ids), atol=5e-2)
 
 
+def test_quantized_experts_are_the_blocks_values(tmp_path):
+    """Q8_0 and Q5_0 (read through kquants) stacked experts and router as a quantizing
+    converter writes them: read as quantized SwitchGLU projections computing with the blocks'
+    values."""
+    config = CONFIGS["qwen3_moe"]
+    original = random_model(config, seed=2)
+    for kind, bits in ((Q.Q8_0, 8), (Q.Q5_0, 5)):
+        path = write_gguf(original, config, tmp_path / f"{kind.name}.gguf", float_type=kind)
+        model, _ = load_model(hub.local_model_path(str(path)), "model")
+        experts = model.model.layers[1].mlp.switch_mlp.down_proj
+        assert experts.bits == bits and experts.weight.shape[0] == config["num_experts"]
+        ids = mx.array([PROMPT])
+        assert mx.allclose(model(ids), blockwise(original, config, kind)(ids), atol=5e-2), kind
+
+
 def blockwise(model, config: dict, kind):
     """A copy of `model` whose matrices are what `kind`'s blocks hold (row by row, so llama's
     row permutation does not change them)."""
@@ -141,7 +177,7 @@ def blockwise(model, config: dict, kind):
 
     def rounded(w):
         array = np.array(w)
-        return mx.array(quants.dequantize(quants.quantize(array, kind), kind)) if w.ndim == 2 else w
+        return mx.array(quants.dequantize(quants.quantize(array, kind), kind)) if w.ndim > 1 else w
 
     copy.update(tree_map(rounded, model.parameters()))
     return copy
@@ -166,7 +202,7 @@ def test_each_type_converts_to_mx_loads_arrays(kind, tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     header = read_header(tmp_path / "t.gguf")
-    loaded, converted = mx.load(str(tmp_path / "t.gguf")), read_tensors(header)
+    loaded, converted = mx.load(str(tmp_path / "t.gguf")), read_tensors(header, Layout.COMPACT)
     assert loaded.keys() == converted.keys()
     for name, array in loaded.items():
         if kind == Q.BF16:  # mx.load gives BF16 as float16; kept as the file's own bfloat16
@@ -249,7 +285,8 @@ def _bad_files(root):
         ): "tensor blk.0.attn_q.weight is Q8_1",
         str(
             _tiny_file(root / "mamba.gguf", arch="mamba").name
-        ): "architecture 'mamba' is not supported",
+        ): "architecture 'mamba' is not supported for GGUF files (supported: llama, qwen2, qwen3, "
+        "qwen3moe, gemma3, phi3)",
         "notok.gguf": "no tokenizer",
     }
 

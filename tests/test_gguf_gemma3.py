@@ -1,7 +1,8 @@
 """Gemma 3 270M Q4_K_M (Q4_K, Q5_0, Q8_0 and Q6_K tensors) from its GGUF file, end to end: the
-tokenizer from the metadata encodes as the published one does, and greedy raw continuations are
-token for token those of the same file dequantized to float32 by gguf and run by mlx-lm, plain,
-with lookup and suffix drafts, and through `macspec run --raw`. Loaded once for the module."""
+tokenizer from the metadata encodes as the published one does; in the exact layout, greedy raw
+continuations are token for token those of the same file dequantized to float32 by gguf and run
+by mlx-lm; in the compact one (the default), lookup and suffix drafts and `macspec run --raw`
+give the compact target's own. Loaded once for the module."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import pytest
+from gguf import GGMLQuantizationType as Q
 from kquantkit import float32_reference, gemma_q4_k_m
 from losslesskit import done_of, reference
 from mlx.utils import tree_flatten
@@ -23,9 +25,10 @@ from macspec.models import hub
 from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels
 from macspec.models.gguf.header import read_header
+from macspec.models.gguf.layout import Layout, requantized
 from macspec.models.gguf.load import CONVERTED, load_gguf_model
 from macspec.models.gguf.report import Conversion
-from macspec.models.gguf.tensors import exactness
+from macspec.models.gguf.tensors import exactness, resident_bytes
 
 MAX_TOKENS = 8
 """Greedy tokens compared. scripts/figures/gguf_kquant_agreement.py measured 24 of 24 equal on
@@ -52,15 +55,30 @@ def gemma(tmp_path_factory):
         yield path, home, loaded, float32_reference(folder, path)
 
 
-@pytest.fixture(scope="module")
-def answers(gemma) -> dict[str, list[int]]:
-    """The float32 reference's greedy continuation of each raw prompt (BOS + text)."""
-    _, _, loaded, expected = gemma
+def greedy_answers(gemma, model) -> dict[str, list[int]]:
+    """`model`'s greedy continuation of each raw prompt (BOS + text), by mlx-lm."""
+    _, _, loaded, _ = gemma
     eos = loaded.tokenizer.eos_token_ids
     return {
-        text: reference(expected, loaded.tokenizer.encode(text), MAX_TOKENS, eos=eos)
+        text: reference(model, loaded.tokenizer.encode(text), MAX_TOKENS, eos=eos)
         for text in (PLAIN, COPYING)
     }
+
+
+@pytest.fixture(scope="module")
+def answers(gemma) -> dict[str, list[int]]:
+    """The compact target's own greedy continuations, by mlx-lm."""
+    return greedy_answers(gemma, gemma[2].target)
+
+
+def test_the_exact_layout_answers_as_the_float32_reference(gemma):
+    path, home, loaded, expected = gemma
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MACSPEC_HOME", str(home))
+        exact = load_gguf_model(loaded.target_path, Layout.EXACT)
+    assert exact.model.embed_tokens.scales.dtype == mx.float32
+    assert exact.model.layers[0].mlp.down_proj.weight.dtype == mx.float16  # Q6_K: no exact form
+    assert greedy_answers(gemma, exact) == greedy_answers(gemma, expected)
 
 
 def test_weights_are_converted_not_dequantized(gemma):
@@ -69,14 +87,21 @@ def test_weights_are_converted_not_dequantized(gemma):
     assert layer.self_attn.o_proj.bits == 4  # Q4_K
     assert layer.self_attn.q_proj.bits == 5  # Q5_0
     assert loaded.target.model.embed_tokens.bits == 8  # Q8_0
-    assert loaded.target.model.embed_tokens.scales.dtype == mx.float32
-    assert layer.mlp.down_proj.weight.dtype == mx.float16  # Q6_K: no exact form
+    assert loaded.target.model.embed_tokens.scales.dtype == mx.float16  # compact, the default
+    assert (layer.mlp.down_proj.bits, layer.mlp.down_proj.group_size) == requantized(Q.Q6_K)
+
+
+def test_the_model_holds_the_bytes_the_header_predicts(gemma):
+    path, _, loaded, _ = gemma
+    held = sum(value.nbytes for _, value in tree_flatten(loaded.target.parameters()))
+    assert held == resident_bytes(read_header(path), Layout.COMPACT)
+    assert held < 1.2 * path.stat().st_size  # the file's size, near enough
 
 
 def test_converted_once_then_read_from_the_cache(gemma):
     _, _, loaded, _ = gemma
     folder = loaded.target_path
-    assert (folder / CONVERTED).is_file() and not list(folder.glob("*.partial.*"))
+    assert (folder / CONVERTED[Layout.COMPACT]).is_file() and not list(folder.glob("*.partial.*"))
     converted = dict(tree_flatten(loaded.target.parameters()))
     cached = dict(tree_flatten(load_gguf_model(folder).parameters()))
     assert converted.keys() == cached.keys()
@@ -91,7 +116,7 @@ def test_prompt_ids_are_the_published_tokenizers(gemma):
 
 
 @pytest.mark.parametrize("kind, text", [("plain", PLAIN), ("lookup", COPYING), ("suffix", COPYING)])
-def test_greedy_raw_continuations_are_the_float32_references(gemma, answers, kind, text):
+def test_greedy_raw_continuations_are_the_targets_own(gemma, answers, kind, text):
     _, _, loaded, _ = gemma
     drafter = None if kind == "plain" else make_drafter(kind, loaded)
     engine = Engine(loaded.target, loaded.tokenizer, drafter, FixedPolicy(4) if drafter else None)
@@ -128,14 +153,22 @@ def test_run_cli_raw_answers_from_the_file(gemma, answers, capsys, monkeypatch):
 
 
 def test_exact_tensors_are_counted_apart(gemma):
-    exact, inexact = exactness(read_header(gemma[0]))
+    exact, inexact = exactness(read_header(gemma[0]), Layout.EXACT)
     assert set(exact) == {"F32", "Q4_K", "Q5_0", "Q8_0"} and set(inexact) == {"Q6_K"}
+    exact, inexact = exactness(read_header(gemma[0]), Layout.COMPACT)
+    assert set(exact) == {"F32", "Q5_0", "Q8_0"} and set(inexact) == {"Q4_K", "Q6_K"}
 
 
-def test_the_load_line_names_q6_k_as_kept_in_float16(gemma):
+def test_the_load_line_names_what_each_layout_rounds(gemma):
     path = gemma[0]
-    exact, inexact = exactness(read_header(path))
-    assert conversion_line(Conversion(path, exact, inexact, True, 0, 0)) == (
-        "gemma-3-270m-q4_k_m.gguf: 227 tensors exact (F32, Q4_K, Q5_0, Q8_0), "
-        "9 kept as float16 (Q6_K: no exact MLX form)"
+    exact, inexact = exactness(read_header(path), Layout.EXACT)
+    line = conversion_line(Conversion(path, exact, inexact, True, 10**8, 2 * 10**8, "exact"))
+    assert line == (
+        "gemma-3-270m-q4_k_m.gguf (exact: 0.20 GB in memory, the file 0.10 GB): 227 tensors "
+        "exact (F32, Q4_K, Q5_0, Q8_0), 9 not (Q6_K: kept as float16: no exact MLX form)"
+    )
+    exact, inexact = exactness(read_header(path), Layout.COMPACT)
+    line = conversion_line(Conversion(path, exact, inexact, True, 10**8, 10**8, "compact"))
+    assert line.endswith(
+        "200 tensors exact (F32, Q5_0, Q8_0), 36 not (Q4_K: float16 scales; Q6_K: requantized)"
     )

@@ -14,6 +14,7 @@ from kquantkit import Tensor, gemma_q4_k_m, mapped_tensors
 from macspec.errors import MacspecError
 from macspec.models.gguf import kquants
 from macspec.models.gguf.header import read_header
+from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.tensors import read_tensors
 
 HALF_FIELDS = {
@@ -212,7 +213,7 @@ def test_a_damaged_block_in_a_file_is_one_line_naming_file_tensor_and_block(tmp_
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(MacspecError) as caught:
-        read_tensors(read_header(path))
+        read_tensors(read_header(path), Layout.COMPACT)
     assert str(caught.value) == (
         f"{path}: tensor blk.0.ffn_up.weight: Q4_K block 6 has a non-finite scale (damaged file)"
     )

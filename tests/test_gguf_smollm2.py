@@ -21,6 +21,7 @@ from macspec.models import hub
 from macspec.models.build import build_engine, make_drafter
 from macspec.models.catalog import ResolvedModels
 from macspec.models.gguf.header import read_header
+from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.tensors import read_tensors
 from macspec.serve.backend import Backend
 from macspec.serve.server import ServerThread
@@ -84,7 +85,7 @@ def test_tokenizer_and_template_come_from_the_metadata(smollm2):
 
 def test_weights_are_mx_loads_bit_for_bit():
     header = read_header(smollm2_path())
-    loaded, converted = mx.load(str(smollm2_path())), read_tensors(header)
+    loaded, converted = mx.load(str(smollm2_path())), read_tensors(header, Layout.COMPACT)
     assert loaded.keys() == converted.keys()
     assert {t.qtype.name for t in header.tensors.values()} == {"F32", "Q4_1", "Q8_0"}
     for name, array in loaded.items():

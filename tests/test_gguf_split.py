@@ -19,6 +19,7 @@ from test_gguf_files import CONFIGS, PROMPT, random_model
 from macspec.cli import main
 from macspec.errors import MacspecError
 from macspec.models import hub
+from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.load import CONVERTED
 from macspec.models.gguf.split import read_model_header
 from macspec.models.loader import load_model
@@ -54,7 +55,7 @@ def test_any_part_loads_the_whole_model_as_the_unsplit_file(kind, model, tmp_pat
     folder = hub.local_model_path(str(parts[1]))
     assert folder == hub.local_model_path(str(parts[0]))  # one derived folder, whichever named
     assert json.loads((folder / "config.json").read_text())["gguf"]["file"] == str(parts[0])
-    assert (folder / CONVERTED).is_file() == (kind == Q.Q5_0)
+    assert (folder / CONVERTED[Layout.COMPACT]).is_file() == (kind == Q.Q5_0)
     header = read_model_header(parts[0])
     assert header.size == sum(p.stat().st_size for p in parts)
     assert {t.file for t in header.tensors.values()} == set(parts)

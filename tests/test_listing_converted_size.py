@@ -12,6 +12,8 @@ from ggufkit import tiny_gguf
 
 from macspec.errors import MacspecError
 from macspec.models import memory
+from macspec.models.gguf import layout
+from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.load import check_memory
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import resident_bytes
@@ -19,10 +21,12 @@ from macspec.models.stores.describe import describe_gguf
 
 
 def test_the_listing_and_the_refusal_count_the_same_converted_weights(tmp_path: Path, monkeypatch):
-    # Q5_0 is read through kquants as K-quants are: float32 scales, more than the file holds
+    # Q5_0 is read through kquants as K-quants are: in the exact layout, float32 scales, more
+    # than the file holds
+    monkeypatch.setattr(layout, "_default", Layout.EXACT)
     path = tiny_gguf(tmp_path, Q.Q5_0)
     header = read_model_header(path, strings=False)
-    converted = resident_bytes(header)
+    converted = resident_bytes(header, Layout.EXACT)
     assert converted > header.size
     listed = describe_gguf(path)
     assert listed.size_bytes == header.size  # the size column is still the file's
@@ -35,7 +39,7 @@ def test_the_listing_and_the_refusal_count_the_same_converted_weights(tmp_path: 
     assert describe_gguf(path).memory.fits is False
     monkeypatch.setattr(memory, "usable_memory_bytes", lambda: converted - 1)
     with pytest.raises(MacspecError, match="once converted"):
-        check_memory(header)
+        check_memory(header, Layout.EXACT)
 
 
 def test_a_file_whose_tensor_table_is_cut_is_listed_at_its_file_size(tmp_path: Path):

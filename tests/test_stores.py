@@ -91,10 +91,11 @@ def test_a_manifest_draft_layer_is_kept(store, gguf_file, tmp_path):
     assert found.draft is not None and found.draft.read_bytes() == draft.read_bytes()
 
 
-def test_tensor_layer_manifests_are_refused_in_one_line(store):
+def test_a_tensor_layer_manifest_without_its_config_is_one_line(store):
+    """An MLX manifest (test_ollama_mlx*.py read whole ones) needs its config.json layer."""
     tensor = {"mediaType": ollama.TENSOR, "name": "model.embed_tokens.weight", **store.blob(b"x")}
     store.add("new:1b", None, extra=[tensor])
-    assert "safetensors layout" in one_line_error("ollama:new:1b")
+    assert "has no config.json layer" in one_line_error("ollama:new:1b")
 
 
 def test_bad_ollama_entries_are_one_line_each(store, gguf_file, user):

@@ -242,15 +242,22 @@ ARCHITECTURES["gpt_oss"] = dict(
     sliding_window=8,
     rope_theta=10000,
 )
+MOE = dict(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True)
+"""Four experts, two per token, in every layer: what the tiny MoE models share."""
 ARCHITECTURES["qwen3_5_moe"] = dict(
     ARCHITECTURES["qwen3_5"],
+    **MOE,
     model_type="qwen3_5_moe",
-    num_experts=4,
-    num_experts_per_tok=2,
     moe_intermediate_size=32,
     shared_expert_intermediate_size=32,
-    decoder_sparse_step=1,
-    norm_topk_prob=True,
+)
+ARCHITECTURES["qwen3_moe"] = dict(
+    ARCHITECTURES["qwen3"],
+    **MOE,
+    model_type="qwen3_moe",
+    num_hidden_layers=2,
+    moe_intermediate_size=64,
+    mlp_only_layers=[],
 )
 
 

@@ -111,6 +111,7 @@ def bench(
     kv_group_size: opt.KvGroupSize = 64,
     quantized_kv_start: opt.QuantizedKvStart = 0,
     max_kv_size: opt.MaxKvSize = None,
+    gguf_layout: opt.GgufLayout = None,
     repeats: Annotated[int, typer.Option("--repeats", help="Passes over the prompt set.")] = 1,
     k: Annotated[
         str | None,
@@ -194,6 +195,7 @@ def bench(
 
     sharded = launched()  # under mlx.launch: the target is sharded over every rank
     resolved = resolve_models(pair, model, draft_model)
+    opt.gguf_layout(gguf_layout, resolved)
     say_draft_choice(resolved)
     if concurrency is not None:
         levels = parse_levels(concurrency)

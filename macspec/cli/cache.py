@@ -11,6 +11,7 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.text import byte_size
 
 cache_app = typer.Typer(
     help="The prompt cache on disk (its size per model) and converted GGUF files; `cache clear` "
@@ -26,10 +27,6 @@ def _store(folder):
     from macspec.prefix.store import DiskStore
 
     return DiskStore(DiskCacheSettings(folder=folder).root, max_bytes=0)
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e8 else f"{nbytes / 1e6:.1f} MB"
 
 
 @cache_app.callback()
@@ -100,11 +97,11 @@ def _show_prompt_cache(store, models) -> None:
         files = m.files or {}
         hidden = sum(n for kind, n in files.items() if kind.startswith("hidden"))
         table.add_row(
-            m.name, _size(m.bytes), str(files.get("rows", 0)), str(files.get("state", 0)),
+            m.name, byte_size(m.bytes), str(files.get("rows", 0)), str(files.get("state", 0)),
             str(hidden), _when(m.last_used),
         )  # fmt: skip
     _console().print(table)
-    typer.echo(f"total {_size(sum(m.bytes for m in models))}")
+    typer.echo(f"total {byte_size(sum(m.bytes for m in models))}")
 
 
 def _gguf_json(derived) -> dict:
@@ -147,10 +144,10 @@ def _show_gguf(derived) -> None:
     for d in derived:
         name = d.name if d.file_exists else f"{d.name} (file gone)"
         where = str(d.file.parent) if d.file is not None else str(d.folder)
-        converted = _size(d.converted_bytes) if d.converted_bytes else "-"  # read as it is
-        table.add_row(name, converted, _size(d.bytes), _when(d.last_used), where)
+        converted = byte_size(d.converted_bytes) if d.converted_bytes else "-"  # read as it is
+        table.add_row(name, converted, byte_size(d.bytes), _when(d.last_used), where)
     _console().print(table)
-    typer.echo(f"total {_size(sum(d.bytes for d in derived))}")
+    typer.echo(f"total {byte_size(sum(d.bytes for d in derived))}")
 
 
 @cache_app.command("clear")
@@ -176,8 +173,8 @@ def clear(
     store = _store(disk_cache_dir)
     if model is None:
         if not gguf:
-            typer.echo(f"freed {_size(store.clear())} from {store.root}")
-        typer.echo(f"freed {_size(entries.remove_all())} from {entries.gguf_root()}")
+            typer.echo(f"freed {byte_size(store.clear())} from {store.root}")
+        typer.echo(f"freed {byte_size(entries.remove_all())} from {entries.gguf_root()}")
         return
     models = [] if gguf else store.usage()
     chosen = [m for m in models if model in (m.name, m.folder.name)]
@@ -189,10 +186,10 @@ def clear(
         fail(f"no model named '{model}' {where} (cached: {', '.join(known) or 'none'})")
     if chosen:
         freed = sum(store.clear(m.folder) for m in chosen)
-        typer.echo(f"freed {_size(freed)} from {store.root}")
+        typer.echo(f"freed {byte_size(freed)} from {store.root}")
     if derived:
         names = [d.name for d in derived]
         if len(set(names)) < len(names):  # one file's older conversions: their paths differ
             names = [str(d.file or d.folder) for d in derived]
         which = f" ({', '.join(names)})" if len(derived) > 1 else ""
-        typer.echo(f"freed {_size(entries.remove(derived))} from {entries.gguf_root()}{which}")
+        typer.echo(f"freed {byte_size(entries.remove(derived))} from {entries.gguf_root()}{which}")

@@ -1,6 +1,6 @@
 """What loading a GGUF file did, on stderr: a progress bar while a file is converted (a
-terminal only), then one line per file converted by this load (which tensors are exact, which
-kept as float16)."""
+terminal only), then one line per file converted by this load (its layout, which tensors are
+exact, which not, and its bytes in memory against the file's)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,37 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from macspec.models.gguf.report import Conversion, watch_loads
+from macspec.text import byte_size
 
 
 def conversion_line(conversion: Conversion) -> str:
-    """'model.gguf: 227 tensors exact (F32, Q4_K, Q5_0, Q8_0), 9 kept as float16 (Q6_K: no
-    exact MLX form)'."""
+    """'model.gguf (compact: 0.27 GB in memory, the file 0.25 GB): 119 tensors exact (F32,
+    Q5_0, Q8_0), 36 not (Q4_K: float16 scales; Q6_K: requantized)'."""
     parts = []
     if conversion.exact:
         count = sum(conversion.exact.values())
         parts.append(f"{count} tensors exact ({', '.join(sorted(conversion.exact))})")
     if conversion.inexact:
         count = sum(conversion.inexact.values())
-        kinds = ", ".join(sorted(conversion.inexact))
-        parts.append(f"{count} kept as float16 ({kinds}: no exact MLX form)")
-    return f"{conversion.file.name}: {', '.join(parts)}"
+        why = inexact_reasons(conversion.inexact, conversion.layout)
+        parts.append(f"{count} not ({why})")
+    sizes = (
+        f"{conversion.layout}: {byte_size(conversion.resident_bytes)} in memory, "
+        f"the file {byte_size(conversion.file_bytes)}"
+    )
+    return f"{conversion.file.name} ({sizes}): {', '.join(parts)}"
+
+
+def inexact_reasons(inexact: dict[str, int], layout: str) -> str:
+    """Why each type is not bit for bit: float16 scales, requantized, or kept as float16."""
+    from macspec.models.gguf import kquants
+
+    def reason(kind: str) -> str:
+        if layout == "compact":
+            return "float16 scales" if kquants.affine_bits(kquants.Q[kind]) else "requantized"
+        return "kept as float16: no exact MLX form"
+
+    return "; ".join(f"{kind}: {reason(kind)}" for kind in sorted(inexact))
 
 
 @contextmanager

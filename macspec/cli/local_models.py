@@ -22,7 +22,8 @@ def _gb(n: int | None) -> str:
 
 def local_json(model: LocalModel, models: list[LocalModel]) -> dict[str, Any]:
     """One entry of `macspec models --local --json`; `drafts`: the models here that can draft
-    for it, the one `--draft-model auto` takes first."""
+    for it, the one `--draft-model auto` takes first; `carried_drafts`: drafters inside it (an
+    Ollama MLX manifest's DFlash draft: `--draft auto` takes it)."""
     about = model.about
     memory = about.memory if about is not None else None
     return {
@@ -42,6 +43,7 @@ def local_json(model: LocalModel, models: list[LocalModel]) -> dict[str, Any]:
         "fits": memory.fits if memory else None,
         "tokenizer": about.tokenizer if about else None,
         "drafts": [draft.name for draft in drafts_for(model, models)],
+        "carried_drafts": list(about.carried_drafts) if about else [],
     }
 
 
@@ -64,7 +66,7 @@ def local_table(models: list[LocalModel]) -> Table:
             STORE_LABELS[model.store],
             _gb(about.size_bytes),
             about.quantization or about.format,
-            about.architecture or "-",
+            " +".join((about.architecture or "-", *about.carried_drafts)),
             str(about.context_length) if about.context_length else "-",
             _gb(memory.total_bytes) + ("" if kv_known else "+") if memory else "-",
             fits,

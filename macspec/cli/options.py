@@ -12,6 +12,7 @@ from macspec.errors import MacspecError
 if TYPE_CHECKING:
     from macspec.engine.core.config import CacheOptions, GenerationConfig
     from macspec.engine.core.grammar import Grammar
+    from macspec.models.catalog import ResolvedModels
     from macspec.prefix.settings import DiskCacheSettings
 
 Model = Annotated[
@@ -31,6 +32,27 @@ DraftModel = Annotated[
         "'auto': the best one on this Mac (see `macspec models --local`).",
     ),
 ]
+GgufLayout = Annotated[
+    str | None,
+    typer.Option(
+        "--gguf-layout",
+        envvar="MACSPEC_GGUF_LAYOUT",
+        help="How a GGUF file is held in memory: 'compact' (the default: near the file's own "
+        "bytes, float16 scales) or 'exact' (float32 scales, gguf's values bit for bit, about "
+        "1.7x the file). A pair's gguf_layout in models.toml sets it too.",
+    ),
+]
+
+
+def gguf_layout(flag: str | None, resolved: ResolvedModels) -> None:
+    """The layout the GGUF loads to come take: the flag, else the catalog pair's, else compact;
+    a bad name is one line (resolving names loads no weights: still before any is read)."""
+    from macspec.models.gguf.layout import set_default_layout
+
+    pair_layout = resolved.pair.gguf_layout if resolved.pair is not None else None
+    set_default_layout(flag or pair_layout or "compact")
+
+
 PairName = Annotated[
     str | None,
     typer.Option(

@@ -92,6 +92,7 @@ def run(
     prefill_step_size: opt.PrefillStepSize = 2048,
     disk_cache_gb: opt.DiskCacheGb = 10.0,
     disk_cache_dir: opt.DiskCacheDir = None,
+    gguf_layout: opt.GgufLayout = None,
     json_schema: opt.JsonSchema = None,
     regex: opt.Regex = None,
     grammar: opt.GrammarFile = None,
@@ -134,6 +135,7 @@ def run(
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
+    opt.gguf_layout(gguf_layout, resolved)
     config = with_store_params(config, resolved, ctx)  # an Ollama model's params, unless flagged
     say_draft_choice(resolved)
     # Under mlx.launch every rank answers (the target sharded over them); rank 0 alone writes.

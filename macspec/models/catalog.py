@@ -67,6 +67,8 @@ class Pair:
     more_drafts: tuple[str, ...] = ()
     """Further draft models after `draft`, which `--draft auto` measures against it (one may
     suit sampling, another greedy decoding)."""
+    gguf_layout: str = "compact"
+    """How GGUF files of the pair are held: "compact" (near the file's bytes) or "exact"."""
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -127,10 +129,12 @@ class ResolvedModels:
     """With `--draft-model auto`: one line saying which draft was picked, and why."""
 
     def head(self, kind: str) -> Path | None:
-        """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk; None when it has
-        none."""
+        """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk, else the one the
+        target's Ollama manifest carries; None when it has none."""
         if self.pair is None or kind not in self.pair.heads:
-            return None
+            from macspec.models.stores.ollama_mlx import carried_head
+
+            return carried_head(self.target, kind)
         return _pair_model_path(self.pair, self.pair.heads[kind])
 
 
@@ -148,12 +152,13 @@ _FIELDS: dict[str, tuple[tuple[type, ...], str]] = {
     "eagle3": ((str,), "a string"),
     "unsupported": ((list,), "a list of strings"),
     "ranks": ((int,), "an integer"),
+    "gguf_layout": ((str,), '"compact" or "exact"'),
 }
 
 
 MAX_RANKS = 64
 """The most machines a pair may ask for (a sanity bound: a typo, not a cluster)."""
-_OPTIONAL = {"draft", "mtp", "dflash", "eagle3", "unsupported", "ranks"}
+_OPTIONAL = {"draft", "mtp", "dflash", "eagle3", "unsupported", "ranks", "gguf_layout"}
 """Fields a pair may leave out (a target with no draft model drafts by prompt lookup)."""
 
 
@@ -213,6 +218,8 @@ def _parse_pair(entry: dict[str, Any], where: str) -> Pair:
             f"{where}: ranks (machines the target is sharded over) must be between 1 and "
             f"{MAX_RANKS}"
         )
+    if entry.get("gguf_layout", "compact") not in ("compact", "exact"):
+        raise MacspecError(f'{where}: gguf_layout must be "compact" or "exact"')
     if not math.isfinite(entry["size_gb"]) or entry["size_gb"] < 0:
         raise MacspecError(f"{where}: size_gb must be finite and not negative")
     notes = entry.get("unsupported", [])

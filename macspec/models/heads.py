@@ -30,7 +30,15 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_weights(folder: Path) -> dict[str, mx.array]:
-    """Every tensor of a folder's *.safetensors files."""
+    """Every tensor of a folder's *.safetensors files (of a draft an Ollama manifest carries:
+    its blobs in Ollama's store)."""
+    from macspec.models.stores.ollama_mlx import tensor_entry
+
+    entry = tensor_entry(folder)
+    if entry is not None:
+        from macspec.models.stores.ollama_mlx_load import read_blobs
+
+        return read_blobs(entry["blobs"], folder, entry.get("prefix", ""))
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise MacspecError(f"{folder}: no *.safetensors weights")
@@ -44,15 +52,22 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
 
 
 def quantize_like(module: nn.Module, config: dict[str, Any], weights: dict[str, mx.array]) -> None:
-    """Quantize the layers the weights hold scales for, as mlx_lm.load does."""
+    """Quantize the layers the weights hold scales for, as mlx_lm.load does (a module the
+    config names with its own settings: those)."""
     quantization = config.get("quantization")
     if not quantization:
         return
+
+    def predicate(path: str, _module: nn.Module) -> dict | bool:
+        own = quantization.get(path)
+        return own if isinstance(own, dict) else f"{path}.scales" in weights
+
     nn.quantize(
         module,
         group_size=quantization["group_size"],
         bits=quantization["bits"],
-        class_predicate=lambda path, _: f"{path}.scales" in weights,
+        mode=quantization.get("mode", "affine"),
+        class_predicate=predicate,
     )
 
 

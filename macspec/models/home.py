@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,22 @@ def check_folder_path(folder: Path, what: str, fix: str) -> None:
             if place == macspec_home():
                 check_home_is_a_folder(place)  # raises: the home's own line
             raise MacspecError(f"{place}: {what} is a file, not a folder; move it aside, or {fix}")
+
+
+def write_folder_whole(folder: Path, fill: Callable[[Path], None], what: str) -> None:
+    """A derived model folder written by `fill` in a temporary sibling, then renamed: whole or
+    not at all (one another process finished first is kept)."""
+    check_folder_path(folder.parent, what, "set MACSPEC_HOME elsewhere")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        fill(partial)
+        os.replace(partial, folder)
+    except OSError:
+        if not (folder / "config.json").is_file():  # not another process's folder, won the race
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def config_path() -> Path:

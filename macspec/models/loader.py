@@ -15,8 +15,10 @@ from mlx_lm.utils import load_tokenizer
 
 from macspec.engine.drafters.suffix import SaidTokens
 from macspec.errors import MacspecError
-from macspec.models.gguf.folder import gguf_source
+from macspec.models.gguf.folder import gguf_notices, gguf_source
 from macspec.models.gguf.load import load_gguf_model
+from macspec.models.stores.ollama_mlx import tensor_entry
+from macspec.models.stores.ollama_mlx_load import load_tensor_model
 from macspec.models.tokenizers import fingerprint
 
 DRAFT_FRACTION_WARNING = 0.25
@@ -94,6 +96,10 @@ def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
         if group is not None:
             raise MacspecError(f"{role} {gguf_source(path)}: a GGUF model cannot be sharded yet")
         return load_gguf_model(path), draft_tokenizer(path, role)
+    if tensor_entry(path) is not None:  # Ollama's MLX layout: weights in the store's blobs
+        if group is not None:
+            raise MacspecError(f"{role} {path}: an Ollama MLX model cannot be sharded yet")
+        return load_tensor_model(path), draft_tokenizer(path, role)
     try:
         if group is not None:
             return load_sharded(path, group)
@@ -125,6 +131,8 @@ def load_weights(path: Path, role: str) -> nn.Module:
     check_folder(path, role)
     if gguf_source(path) is not None:
         return load_gguf_model(path)
+    if tensor_entry(path) is not None:
+        return load_tensor_model(path)
     try:
         return mlx_load_model(path)[0]
     except LOAD_ERRORS as exc:
@@ -254,6 +262,7 @@ def load_models(
     """
     target, tokenizer = load_model(target_path, "model", group)
     loaded = LoadedModels(target=target, tokenizer=tokenizer, target_path=target_path)
+    loaded.warnings.extend(gguf_notices(target_path))
     if draft_path is None:
         return loaded
     draft = load_checked_draft(loaded, draft_path, target_name, draft_name)

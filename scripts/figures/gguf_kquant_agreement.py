@@ -38,8 +38,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from macspec.models import hub
-from macspec.models.gguf import kquants
-from macspec.models.gguf.load import load_gguf_model
+from macspec.models.gguf import layout
+from macspec.models.gguf.load import CONVERTED, load_gguf_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from kquantkit import float32_reference, gemma_q4_k_m  # noqa: E402
@@ -60,23 +60,17 @@ PROMPTS = [
 ]
 
 
-def converted(folder: Path, round_scales: bool = False, **options) -> nn.Module:
-    """macspec's loader, kquants.convert given `options`; scales rounded to float16 (and kept
-    float32) with `round_scales`."""
-    original = kquants.convert
-
-    def convert(*args, **kwargs):
-        arrays = original(*args, **kwargs, **options)
-        if round_scales and "scales" in arrays:
-            for part in ("scales", "biases"):
-                arrays[part] = arrays[part].astype(mx.float16).astype(mx.float32)
-        return arrays
-
-    kquants.convert = convert
+def converted(folder: Path, kind: str, requantize: tuple[int, int] | None = None) -> nn.Module:
+    """macspec's loader in layout `kind`, requantizing as `requantize` (bits, group) says; the
+    converted copy of an earlier variant removed first."""
+    for name in CONVERTED.values():
+        (folder / name).unlink(missing_ok=True)
+    original = layout.REQUANTIZED_DEFAULT
+    layout.REQUANTIZED_DEFAULT = requantize or original
     try:
-        return load_gguf_model(folder)
+        return load_gguf_model(folder, layout.Layout(kind))
     finally:
-        kquants.convert = original
+        layout.REQUANTIZED_DEFAULT = original
 
 
 def requantized(model: nn.Module, group_size: int) -> nn.Module:
@@ -102,6 +96,15 @@ def main() -> None:
     parser.add_argument("--gguf", type=Path, help="default: Gemma 3 270M Q4_K_M's parts")
     parser.add_argument("--prompts", type=int, default=10)
     parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument(
+        "--requantize",
+        type=lambda text: tuple(int(n) for n in text.split("g")),
+        nargs="+",
+        default=[(8, 32), (8, 64), (6, 32), (6, 64)],
+        metavar="BgG",
+        help="the compact layouts to measure: BITSgGROUP (default: 8g32 8g64 6g32 6g64)",
+    )
+    parser.add_argument("--mlx", action="store_true", help="also MLX's own 4-bit requantization")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["MACSPEC_HOME"] = scratch  # the derived folder, thrown away after
@@ -112,12 +115,17 @@ def main() -> None:
         reference = functools.partial(float32_reference, folder, path)
         variants = {
             "float32": reference,
-            "exact": lambda: converted(folder),
-            "exact+q6k8": lambda: converted(folder, requantize_bits=8),
-            "f16-scales": lambda: converted(folder, round_scales=True),
-            "mlx-4g32": lambda: requantized(reference(), 32),
-            "mlx-4g64": lambda: requantized(reference(), 64),
+            "exact": lambda: converted(folder, "exact"),
+            **{
+                f"compact-{bits}g{group}": functools.partial(
+                    converted, folder, "compact", (bits, group)
+                )
+                for bits, group in args.requantize
+            },
         }
+        if args.mlx:
+            variants["mlx-4g32"] = lambda: requantized(reference(), 32)
+            variants["mlx-4g64"] = lambda: requantized(reference(), 64)
         reference_ids, reference_lp = [], []
         print(
             "| variant | greedy tokens equal to float32's, per prompt | total | mean KL | max KL |"

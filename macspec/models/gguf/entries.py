@@ -29,7 +29,7 @@ class DerivedFolder:
     """The GGUF file it reads; None when its config.json is unreadable (a damaged folder)."""
     file_exists: bool
     converted_bytes: int
-    """converted.safetensors' size; 0 for a file `mx.load` reads (nothing converted)."""
+    """The converted copies' size (one per layout used); 0 for a file `mx.load` reads."""
     bytes: int
     """The whole folder (converted weights, config, tokenizer)."""
     last_used: float
@@ -113,7 +113,7 @@ def derived_folders() -> list[DerivedFolder]:
                 folder=folder,
                 file=source,
                 file_exists=source is not None and source.is_file(),
-                converted_bytes=_size(folder / CONVERTED),
+                converted_bytes=sum(_size(folder / name) for name in CONVERTED.values()),
                 bytes=sum(_size(p) for p in files),
                 last_used=folder.stat().st_mtime,
                 store_names=blobs.get(source.resolve(), ()) if source is not None else (),

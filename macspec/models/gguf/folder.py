@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from macspec.errors import MacspecError
+from macspec.models.gguf.archs import notices
 from macspec.models.gguf.config import build_config, check_architecture
 from macspec.models.gguf.header import MAGIC, GGUFHeader
+from macspec.models.gguf.layout import default_layout
 from macspec.models.gguf.report import deriving
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import compute_dtype, readable_types, unreadable
 from macspec.models.gguf.tokenizer import eos_ids, write_tokenizer
-from macspec.models.home import check_folder_path, macspec_home
+from macspec.models.home import macspec_home, write_folder_whole
 
 GGUF_KEY = "gguf"
 """config.json's entry naming the file: {"file": absolute path, "identity": its hash}."""
@@ -79,26 +78,20 @@ def gguf_folder(path: Path) -> Path:
         config["eos_token_id"] = eos_ids(header)
         # What the model computes in, for every memory estimate that reads config.json (mlx-lm
         # itself ignores it: the weights' own dtypes decide).
-        config["torch_dtype"] = compute_dtype(header)
+        config["torch_dtype"] = compute_dtype(header, default_layout())
         config[GGUF_KEY] = {"file": str(path), "identity": identity}
+        if notices(header):  # each load says them (a vision tower not used)
+            config[GGUF_KEY]["notices"] = notices(header)
         _write_whole(folder, header, config)
     return folder
 
 
 def _write_whole(folder: Path, header: GGUFHeader, config: dict[str, Any]) -> None:
-    """The folder written in a temporary sibling, then renamed: whole or not at all."""
-    check_folder_path(folder.parent, "the converted GGUF folder", "set MACSPEC_HOME elsewhere")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-    try:
+    def fill(partial: Path) -> None:
         write_tokenizer(header, partial)
         (partial / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        os.replace(partial, folder)
-    except OSError:
-        if not (folder / "config.json").is_file():  # not another process's folder, won the race
-            raise
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+
+    write_folder_whole(folder, fill, "the converted GGUF folder")
 
 
 def gguf_entry(folder: Path) -> dict[str, str] | None:
@@ -109,6 +102,14 @@ def gguf_entry(folder: Path) -> dict[str, str] | None:
         return None
     entry = config.get(GGUF_KEY) if isinstance(config, dict) else None
     return entry if isinstance(entry, dict) and "file" in entry else None
+
+
+def gguf_notices(folder: Path) -> list[str]:
+    """What loading a derived folder's file should say that is not an error; [] for any
+    other folder."""
+    entry = gguf_entry(folder) or {}
+    said = entry.get("notices")
+    return [str(line) for line in said] if isinstance(said, list) else []
 
 
 def gguf_source(folder: Path) -> Path | None:

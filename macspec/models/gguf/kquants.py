@@ -17,7 +17,11 @@ biases `mx.dequantize` gives gguf's floats bit for bit. float16 would round `d*s
 
 Q6_K, Q3_K and Q2_K use sub-blocks of 16, which MLX's affine mode refuses (group sizes 32, 64,
 128); the i-quants use codebooks. Those are dequantized with `gguf` one row chunk at a time and
-kept as float16 (the measured default: greedy agreement unchanged) or requantized to 8-bit.
+kept as float16 (the exact layout) or requantized to an affine layout (the compact one:
+`macspec.models.gguf.layout` says which, and why).
+
+MXFP4 (gpt-oss's experts) is MLX's own `mxfp4` mode: the same block of 32 E2M1 values sharing
+one E8M0 exponent, so its bits come across unchanged in either layout.
 """
 
 from __future__ import annotations
@@ -131,6 +135,13 @@ def _q5_k(blocks: np.ndarray) -> Unpacked:
     return _pack_bits((low | (high << 4)).reshape(n, -1), 5), *_k_scales(blocks)
 
 
+def _mxfp4(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """MXFP4: byte 0 the E8M0 exponent, then 16 bytes of 32 E2M1 codes in llama.cpp's 4-bit
+    order. llama.cpp doubles its value table and halves the exponent (`GGML_E8M0_TO_FP32_HALF`):
+    the same numbers as MLX's `mxfp4`, whose codes and exponent byte are these."""
+    return _pack_nibble_halves(blocks[:, 1:]), blocks[:, :1]
+
+
 EXACT: dict[Q, tuple[int, Callable[[np.ndarray], Unpacked]]] = {
     Q.Q4_0: (4, _q4_0),
     Q.Q4_1: (4, _q4_1),
@@ -141,6 +152,9 @@ EXACT: dict[Q, tuple[int, Callable[[np.ndarray], Unpacked]]] = {
     Q.Q5_K: (5, _q5_k),
 }
 """Types with an exact MLX affine form: (bits, the block unpacker)."""
+HALF_SCALED = frozenset({Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0})
+"""Exact types whose scale and bias are the block's fp16 values (or a power of two times one):
+exact with float16 scales too. Q4_K's and Q5_K's `d*sc` need float32."""
 
 
 def gguf_type(tensor_type: int | Q) -> Q:
@@ -155,14 +169,14 @@ def is_exact(tensor_type: int | Q) -> bool:
     """True when the converted tensor equals gguf's dequantization bit for bit (floats and the
     types with an affine form of group 32)."""
     qtype = gguf_type(tensor_type)
-    return qtype in EXACT or qtype in FLOAT_TYPES or qtype == Q.BF16
+    return qtype in EXACT or qtype in FLOAT_TYPES or qtype == Q.BF16 or qtype == Q.MXFP4
 
 
 def affine_bits(tensor_type: int | Q, requantize_bits: int | None = None) -> int | None:
     """The MLX bit width the converted tensor has, or None when it is a plain float array."""
     qtype = gguf_type(tensor_type)
-    if qtype in EXACT:
-        return EXACT[qtype][0]
+    if qtype in EXACT or qtype == Q.MXFP4:
+        return 4 if qtype == Q.MXFP4 else EXACT[qtype][0]
     if qtype in FLOAT_TYPES or qtype == Q.BF16:
         return None
     return requantize_bits
@@ -172,7 +186,7 @@ def affine_bits(tensor_type: int | Q, requantize_bits: int | None = None) -> int
 def convertible(qtype: Q) -> bool:
     """Whether `convert` reads the type: an exact form, a float, or gguf dequantizes it (tried
     on one zero block)."""
-    if qtype in EXACT or qtype in FLOAT_TYPES or qtype == Q.BF16:
+    if qtype in EXACT or qtype in FLOAT_TYPES or qtype in (Q.BF16, Q.MXFP4):
         return True
     try:
         quants.dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
@@ -230,6 +244,8 @@ def _exact(
         if not finite.all():
             raise _damaged(name, qtype, finite, start)
     groups = (*shape[:-1], cols // GROUP_SIZE)
+    if scales_dtype == mx.float16 and max(np.abs(scales).max(), np.abs(biases).max()) > FLOAT16_MAX:
+        scales_dtype = mx.float32  # a scale beyond float16's range: this tensor keeps float32
     return {
         "weight": mx.array(packed.view(np.uint32).reshape(*shape[:-1], cols * bits // 32)),
         "scales": mx.array(scales.reshape(groups)).astype(scales_dtype),
@@ -254,15 +270,24 @@ def _float_chunks(blocks: np.ndarray, qtype: Q, cols: int, name: str) -> Iterato
 
 
 def _dequantized(
-    blocks: np.ndarray, qtype: Q, shape: tuple[int, ...], requantize_bits: int | None, name: str
+    blocks: np.ndarray,
+    qtype: Q,
+    shape: tuple[int, ...],
+    requantize: tuple[int, int] | None,
+    scales_dtype: mx.Dtype,
+    name: str,
 ) -> dict[str, mx.array]:
     """The types without an exact form: float16 (float32 where a value is beyond float16's
-    range), or requantized to `requantize_bits` with group 32."""
+    range), or requantized to `requantize` (bits, group size) with scales in `scales_dtype`."""
     rows, cols = len(blocks) * GGML_QUANT_SIZES[qtype][0] // shape[-1], shape[-1]
-    if requantize_bits is not None:
+    if requantize is not None:
+        bits, group_size = requantize
+        if cols % group_size:
+            group_size = GROUP_SIZE  # every GGUF block type's rows hold whole groups of 32
         parts = []
         for values in _float_chunks(blocks, qtype, cols, name):
-            parts.append(mx.quantize(mx.array(values), group_size=GROUP_SIZE, bits=requantize_bits))
+            weight, scales, biases = mx.quantize(mx.array(values), group_size, bits)
+            parts.append((weight, scales.astype(scales_dtype), biases.astype(scales_dtype)))
             mx.eval(parts[-1])
         return {
             key: mx.concatenate([part[i] for part in parts]).reshape(*shape[:-1], -1)
@@ -278,12 +303,21 @@ def _dequantized(
     return {"weight": mx.array(halves.reshape(shape))}
 
 
+def _mxfp4_arrays(blocks: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
+    packed, exponents = _mxfp4(blocks)
+    return {
+        "weight": mx.array(packed.view(np.uint32).reshape(*shape[:-1], -1)),
+        "scales": mx.array(exponents.reshape(*shape[:-1], -1)),
+    }
+
+
 def convert(
     tensor_type: int | Q,
     raw_blocks: np.ndarray,
     shape: tuple[int, ...],
     *,
     requantize_bits: int | None = None,
+    requantize_group: int = GROUP_SIZE,
     scales_dtype: mx.Dtype = mx.float32,
     name: str = "tensor",
 ) -> dict[str, mx.array]:
@@ -293,8 +327,9 @@ def convert(
 
     `raw_blocks` is the tensor's data as `gguf.GGUFReader` maps it (uint8, any shape); `shape`
     is the logical row-major shape (GGUF lists it innermost first: pass it reversed).
-    `requantize_bits` requantizes the types without an exact form instead of keeping float16;
-    `scales_dtype` float16 halves the scales' memory but rounds K-quant scales (not exact).
+    `requantize_bits` requantizes the types without an exact form (groups of `requantize_group`)
+    instead of keeping float16; `scales_dtype` float16 halves the scales' memory but rounds
+    K-quant scales (not exact). MXFP4 gives {"weight", "scales"} in MLX's `mxfp4` mode.
     Wrong sizes, non-finite scales and types gguf cannot dequantize are one-line MacspecErrors.
     """
     qtype = gguf_type(tensor_type)
@@ -312,7 +347,10 @@ def convert(
         return {"weight": mx.array(data.reshape(shape)).view(mx.bfloat16)}
     blocks = _blocks(raw_blocks, qtype, shape, name)
     # a damaged scale (inf, nan) is reported by the finiteness checks, not as numpy warnings
+    if qtype == Q.MXFP4:
+        return _mxfp4_arrays(blocks, shape)
     with np.errstate(invalid="ignore", over="ignore"):
         if qtype in EXACT:
             return _exact(blocks, qtype, shape, scales_dtype, name)
-        return _dequantized(blocks, qtype, shape, requantize_bits, name)
+        requantize = None if requantize_bits is None else (requantize_bits, requantize_group)
+        return _dequantized(blocks, qtype, shape, requantize, scales_dtype, name)

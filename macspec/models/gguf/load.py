@@ -11,9 +11,11 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.errors import MacspecError
+from macspec.models.gguf import layout as layouts
 from macspec.models.gguf.config import quantization, rope_factors, to_mlx
 from macspec.models.gguf.folder import check_types, gguf_entry
 from macspec.models.gguf.header import GGUFHeader
+from macspec.models.gguf.layout import Layout, default_layout
 from macspec.models.gguf.report import Conversion, progress_callback, reported
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import (
@@ -23,13 +25,15 @@ from macspec.models.gguf.tensors import (
     resident_bytes,
 )
 
-CONVERTED = "converted.safetensors"
-"""The converted weights of a file mx.load cannot read, beside the derived config.json (the
-folder is keyed by the file's identity, so a changed file gets another folder)."""
+CONVERTED = {Layout.EXACT: "converted.safetensors", Layout.COMPACT: "compact.safetensors"}
+"""The converted weights of a file mx.load cannot read, per layout, beside the derived
+config.json (the folder is keyed by the file's identity, so a changed file gets another
+folder)."""
 
 
-def load_gguf_model(folder: Path) -> nn.Module:
-    """The model of a folder `gguf_folder` derived; one line when its file changed or went."""
+def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
+    """The model of a folder `gguf_folder` derived, in `layout` (default: `default_layout()`);
+    one line when its file changed or went."""
     from mlx_lm.utils import load_model
 
     entry = gguf_entry(folder)
@@ -40,15 +44,18 @@ def load_gguf_model(folder: Path) -> nn.Module:
     if header.identity() != entry.get("identity"):  # changed since this folder was derived
         raise MacspecError(f"{path}: changed since it was read; name the file again to reload it")
     check_types(header)
-    check_memory(header)
-    converting = needs_conversion(header) and not (folder / CONVERTED).is_file()
-    weights = _converted_once(folder, header)
+    layout = layout or default_layout()
+    check_memory(header, layout)
+    converting = needs_conversion(header) and not (folder / CONVERTED[layout]).is_file()
+    weights = _converted_once(folder, header, layout)
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
     model, config = load_model(
         folder, lazy=True, strict=False, model_config=quantization(header, weights)
     )
     factors = rope_factors(header, weights)
     weights = to_mlx(header, config, weights)
+    if layout is Layout.COMPACT:
+        weights = _in_activation_dtype(weights)
     # No second model.sanitize: load_model ran it (on no weights), which did what it does to the
     # model itself (gemma3_text drops a tied lm_head, and a second call fails on it); to_mlx
     # gives mlx-lm's names already.
@@ -64,17 +71,31 @@ def load_gguf_model(folder: Path) -> nn.Module:
         os.utime(folder)
     except OSError:
         pass
-    exact, inexact = exactness(header)
-    reported(Conversion(path, exact, inexact, converting, header.size, resident_bytes(header)))
+    exact, inexact = exactness(header, layout)
+    resident = resident_bytes(header, layout)
+    reported(Conversion(path, exact, inexact, converting, header.size, resident, layout.value))
     return model
 
 
-def check_memory(header: GGUFHeader) -> None:
+def _in_activation_dtype(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """float32 tensors (norms, biases, a float embedding) in this machine's activation dtype:
+    on a GPU, float16, so no matmul widens its operands each pass; on the CPU nothing
+    changes."""
+    dtype = layouts.activation_dtype()
+    if dtype == mx.float32:
+        return weights
+    return {
+        name: value.astype(dtype) if value.dtype == mx.float32 else value
+        for name, value in weights.items()
+    }
+
+
+def check_memory(header: GGUFHeader, layout: Layout) -> None:
     """One line, before any weight is read, when the converted weights alone take more than
     this machine gives a model (what `macspec models` counts a pair's fit against)."""
     from macspec.models import memory
 
-    need, limit = resident_bytes(header), memory.usable_memory_bytes()
+    need, limit = resident_bytes(header, layout), memory.usable_memory_bytes()
     if limit is not None and need > limit:
         raise MacspecError(
             f"{header.path}: its weights take {need / 1e9:.2f} GB in memory once converted "
@@ -92,17 +113,17 @@ def _set_rope_factors(model: nn.Module, factors: mx.array) -> None:
         rope._freqs = (base ** (mx.arange(0, dims, 2) / dims)) * factors.astype(mx.float32)
 
 
-def _converted_once(folder: Path, header: GGUFHeader) -> dict[str, mx.array]:
+def _converted_once(folder: Path, header: GGUFHeader, layout: Layout) -> dict[str, mx.array]:
     """The file's tensors: mx.load's types from the file itself; any other file converted once
     and cached in its derived folder, written whole (a temporary name, then a rename), so a
     second load reads it as fast as an mlx-lm folder."""
     if not needs_conversion(header):
-        return read_tensors(header)
-    cache = folder / CONVERTED
+        return read_tensors(header, layout)
+    cache = folder / CONVERTED[layout]
     if cache.is_file():
         return mx.load(str(cache))
-    weights = read_tensors(header, progress_callback())
-    partial = folder / f"converted.{os.getpid()}.partial.safetensors"
+    weights = read_tensors(header, layout, progress_callback())
+    partial = folder / f"{cache.stem}.{os.getpid()}.partial.safetensors"
     try:
         mx.save_safetensors(str(partial), weights)
         os.replace(partial, cache)

@@ -36,6 +36,8 @@ class Conversion:
     file_bytes: int
     resident_bytes: int
     """The converted weights' bytes in memory (estimated from the header)."""
+    layout: str = "compact"
+    """The layout the tensors took (`layout.Layout`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -45,6 +47,7 @@ class Conversion:
             "converted": self.converted,
             "file_bytes": self.file_bytes,
             "resident_bytes": self.resident_bytes,
+            "layout": self.layout,
         }
 
 

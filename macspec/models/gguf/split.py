@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 from macspec.errors import MacspecError
+from macspec.models.gguf.archs import without_ignored
 from macspec.models.gguf.header import GGUFHeader, TensorEntry, read_header
 
 PART_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -74,11 +75,12 @@ def check_parts(path: Path, metadata: dict) -> list[Path]:
 def read_model_header(path: Path, strings: bool = True) -> GGUFHeader:
     """The header of the model at `path`: one file's, or a split model's from any part named
     (the first part's metadata, every part's tensors, the parts' total size); one line naming a
-    part that is missing or is not the part its name says."""
+    part that is missing or is not the part its name says. Tensors that are not the text
+    model's (a vision tower in the same file) are left out: nothing reads or counts them."""
     named = read_header(path, strings)
     paths = check_parts(path, named.metadata)
     if len(paths) == 1:
-        return named
+        return without_ignored(named)
     count = len(paths)
     parts = []
     tensors: dict[str, TensorEntry] = {}
@@ -108,7 +110,7 @@ def read_model_header(path: Path, strings: bool = True) -> GGUFHeader:
             f"{expected}"
         )
     size = sum(part.size for part in parts)
-    return GGUFHeader(
+    return without_ignored(GGUFHeader(
         first.path, first.version, first.metadata, tensors, first.data_start, size, tuple(parts),
         first.array_lengths, first.tokenizer_digest,
-    )  # fmt: skip
+    ))  # fmt: skip

@@ -5,9 +5,9 @@ MLX's affine quantization keeps, per group of 32 values, a scale and a bias (val
 that shape (an fp16 scale, an fp16 minimum or an implied offset, 32 values), so their bits come
 across unchanged: the layout `mx.load` gives them (tests hold the arrays equal). Every file is
 read tensor by tensor through `CONVERTERS`. A file with other types (K-quants, Q5_0, i-quants) is
-read through `kquants`: every quantized tensor with float32 scales, so the whole model computes
-in float32 as gguf's own dequantization does (float16 scales would make Q8_0 embeddings, and so
-every activation after them, float16).
+read through `kquants` in the layout asked for (`layout.py`): compact, its scales in float16 and
+the types without an affine form requantized; or exact, every quantized tensor with float32
+scales, so the whole model computes in float32 as gguf's own dequantization does.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as Q
 from macspec.errors import MacspecError
 from macspec.models.gguf import kquants
 from macspec.models.gguf.header import GGUFHeader, TensorEntry
+from macspec.models.gguf.layout import Layout, requantized, scales_dtype
 from macspec.models.gguf.report import Progress
 
 Converter = Callable[[np.ndarray, tuple[int, ...]], dict[str, mx.array]]
@@ -74,10 +75,18 @@ def _half(blocks: mx.array, start: int) -> mx.array:
     return mx.contiguous(blocks[..., start : start + 2]).view(mx.float16)[..., 0]
 
 
+def _offset(scales: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+    """Scales and biases `-offset * scale` in float16, or both in float32 where a bias is beyond
+    float16's range (a scale above 65504 / offset: rare, but then no bias becomes inf)."""
+    biases = scales.astype(mx.float32) * -offset
+    if mx.abs(biases).max().item() > kquants.FLOAT16_MAX:
+        return scales.astype(mx.float32), biases
+    return scales, biases.astype(mx.float16)
+
+
 def _q4_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     blocks = _blocks(raw, shape, 18)
-    scales = _half(blocks, 0)
-    return _affine(_nibbles_packed(blocks[..., 2:]), scales, scales * -8, shape)
+    return _affine(_nibbles_packed(blocks[..., 2:]), *_offset(_half(blocks, 0), 8), shape)
 
 
 def _q4_1(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
@@ -87,9 +96,8 @@ def _q4_1(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
 
 def _q8_0(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
     blocks = _blocks(raw, shape, 34)
-    scales = _half(blocks, 0)
     q = blocks[..., 2:] ^ 0x80  # int8 x as uint8 x + 128: its sign bit flipped
-    return _affine(q, scales, scales * -128, shape)
+    return _affine(q, *_offset(_half(blocks, 0), 128), shape)
 
 
 CONVERTERS: dict[Q, Converter] = {
@@ -105,48 +113,70 @@ CONVERTERS: dict[Q, Converter] = {
 FLOAT_TYPES = frozenset({Q.F32, Q.F16, Q.BF16})
 
 
-def exactness(header: GGUFHeader) -> tuple[dict[str, int], dict[str, int]]:
-    """Tensors by type: (converted exactly, not: dequantized and kept as float16)."""
+def exactness(header: GGUFHeader, layout: Layout) -> tuple[dict[str, int], dict[str, int]]:
+    """Tensors by type: (converted exactly, not: rounded scales, requantized or float16)."""
     exact: dict[str, int] = {}
     inexact: dict[str, int] = {}
     for tensor in header.tensors.values():
-        counts = exact if kquants.is_exact(tensor.qtype) else inexact
+        counts = exact if _exact_in(tensor.qtype, layout) else inexact
         counts[tensor.qtype.name] = counts.get(tensor.qtype.name, 0) + 1
     return exact, inexact
 
 
+def _exact_in(qtype: Q, layout: Layout) -> bool:
+    """Whether a tensor of `qtype` dequantizes to gguf's floats in this file and layout: float16
+    scales hold the legacy types' fp16 scales exactly, not the K-quants' `d*sc`."""
+    if qtype in FLOAT_TYPES or qtype in kquants.HALF_SCALED or qtype == Q.MXFP4:
+        return True
+    return kquants.is_exact(qtype) and layout is Layout.EXACT
+
+
 def needs_conversion(header: GGUFHeader) -> bool:
     """A file with a type `mx.load` does not read (K-quants, Q5_0, i-quants): read through
-    kquants with float32 scales, converted once and cached."""
+    kquants, converted once and cached."""
     return any(tensor.qtype not in CONVERTERS for tensor in header.tensors.values())
 
 
-def resident_bytes(header: GGUFHeader) -> int:
-    """The converted weights' bytes in memory, from the header alone: a quantized tensor at
-    MLX's packed size plus a scale and a bias per group of 32 (float32 in a file read through
-    kquants, float16 as `mx.load` gives them), one kept as float16 at 2 bytes a value, floats
-    as stored."""
-    scale_bytes = 4 if needs_conversion(header) else 2
-    total = 0
-    for tensor in header.tensors.values():
-        values = int(np.prod(tensor.shape, dtype=np.int64))
-        bits = kquants.affine_bits(tensor.qtype)
-        if tensor.qtype in FLOAT_TYPES:
-            total += tensor.nbytes
-        elif bits is None:
-            total += 2 * values
-        else:
-            total += values * bits // 8 + values // GROUP_SIZE * 2 * scale_bytes
-    return total
+def tensor_bytes(qtype: Q, values: int, stored: int, scale_bytes: int, layout: Layout) -> int:
+    """One converted tensor's bytes: a quantized one at MLX's packed size plus a scale and a
+    bias per group of 32 (MXFP4: one exponent byte); a float kept as stored; one without an
+    affine form as float16 (exact) or requantized (compact)."""
+    if qtype in FLOAT_TYPES:
+        return stored
+    if qtype == Q.MXFP4:
+        return values // 2 + values // GROUP_SIZE
+    bits = kquants.affine_bits(qtype)
+    if bits is not None:
+        return values * bits // 8 + values // GROUP_SIZE * 2 * scale_bytes
+    if layout is Layout.EXACT:
+        return 2 * values
+    bits, group = requantized(qtype)
+    return values * bits // 8 + values // group * 2 * 2
 
 
-def compute_dtype(header: GGUFHeader) -> str:
+def resident_bytes(header: GGUFHeader, layout: Layout) -> int:
+    """The converted weights' bytes in memory, from the header alone (float32 scales only in a
+    file read through kquants in the exact layout; float16 otherwise, as `mx.load` gives
+    them)."""
+    scale_bytes = 4 if needs_conversion(header) and layout is Layout.EXACT else 2
+    return sum(
+        tensor_bytes(t.qtype, int(np.prod(t.shape, dtype=np.int64)), t.nbytes, scale_bytes, layout)
+        for t in header.tensors.values()
+    )
+
+
+def compute_dtype(header: GGUFHeader, layout: Layout) -> str:
     """The dtype the converted model computes in (and its KV cache holds): float32 for a file
-    read through kquants (float32 scales); else the one float type of its tensors and of
-    `mx.load`'s float16 scales, float32 when they mix (MLX promotes: llama.cpp's F32 norms
-    make most files compute in float32)."""
+    read through kquants in the exact layout (float32 scales); a compact one's
+    `activation_dtype`; else the one float type of its tensors and of `mx.load`'s float16
+    scales, float32 when they mix (MLX promotes: llama.cpp's F32 norms make most files compute
+    in float32)."""
+    from macspec.models.gguf.layout import activation_dtype
+
     if needs_conversion(header):
-        return "float32"
+        if layout is Layout.EXACT:
+            return "float32"
+        return "float16" if activation_dtype() == mx.float16 else "float32"
     names = {Q.F32: "float32", Q.F16: "float16", Q.BF16: "bfloat16"}
     dtypes = {names.get(t.qtype, "float16") for t in header.tensors.values()}
     return dtypes.pop() if len(dtypes) == 1 else "float32"
@@ -163,15 +193,20 @@ def unreadable(header: GGUFHeader) -> list[tuple[str, Q]]:
     return [(t.name, t.qtype) for t in header.tensors.values() if t.qtype not in readable]
 
 
-def converter(qtype: Q, kquant_file: bool, name: str) -> Converter:
-    """How a tensor of `qtype` is read: as `mx.load` would in a file of only its types, else
-    (`kquant_file`; floats aside) through kquants with float32 scales, its errors naming
-    `name`."""
-    if qtype in FLOAT_TYPES or not kquant_file:
+def converter(qtype: Q, kquant_file: bool, layout: Layout, name: str) -> Converter:
+    """How a tensor of `qtype` is read: as `mx.load` would in a file of only its types (and, in
+    the compact layout, in any file); else (`kquant_file`; floats aside) through kquants in
+    `layout`, its errors naming `name`."""
+    if qtype in FLOAT_TYPES or (
+        qtype in CONVERTERS and (layout is Layout.COMPACT or not kquant_file)
+    ):
         return CONVERTERS[qtype]
+    options = {"scales_dtype": scales_dtype(layout)}
+    if layout is Layout.COMPACT and kquants.affine_bits(qtype) is None and qtype != Q.MXFP4:
+        options["requantize_bits"], options["requantize_group"] = requantized(qtype)
 
     def convert(raw: np.ndarray, shape: tuple[int, ...]) -> dict[str, mx.array]:
-        return kquants.convert(qtype, raw, shape, name=name)
+        return kquants.convert(qtype, raw, shape, name=name, **options)
 
     return convert
 
@@ -181,7 +216,9 @@ CHUNK_BYTES = 8 << 20
 holds besides the weights stays small."""
 
 
-def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[str, mx.array]:
+def read_tensors(
+    header: GGUFHeader, layout: Layout, progress: Progress | None = None
+) -> dict[str, mx.array]:
     """Every tensor, by GGUF name (`blk.0.attn_q.weight`, with `.scales`/`.biases` beside a
     quantized one), evaluated. Read tensor by tensor rather than by `mx.load`, which holds
     the whole file twice while it reads and gives BF16 as float16. `progress` hears the
@@ -196,7 +233,8 @@ def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[s
             if tensor.file not in files:
                 files[tensor.file] = stack.enter_context(open(tensor.file, "rb"))
             stem = tensor.name.removesuffix(".weight")
-            for part, value in _convert(files[tensor.file], tensor, kquant_file).items():
+            read = _convert(files[tensor.file], tensor, kquant_file, layout)
+            for part, value in read.items():
                 out[tensor.name if part == "weight" else f"{stem}.{part}"] = value
             done += tensor.nbytes
             if progress is not None:
@@ -204,7 +242,9 @@ def read_tensors(header: GGUFHeader, progress: Progress | None = None) -> dict[s
     return out
 
 
-def _convert(file: BinaryIO, tensor: TensorEntry, kquant_file: bool) -> dict[str, mx.array]:
+def _convert(
+    file: BinaryIO, tensor: TensorEntry, kquant_file: bool, layout: Layout
+) -> dict[str, mx.array]:
     """One tensor through its converter, a slab of whole rows at a time."""
     rows = tensor.shape[0] if len(tensor.shape) > 1 else 1
     row_bytes = tensor.nbytes // rows
@@ -218,7 +258,7 @@ def _convert(file: BinaryIO, tensor: TensorEntry, kquant_file: bool) -> dict[str
             raise MacspecError(f"{file.name}: truncated at tensor {tensor.name}")
         shape = (count, *tensor.shape[1:]) if len(tensor.shape) > 1 else tensor.shape
         where = f"{file.name}: tensor {tensor.name}" + (f" (from row {first})" if first else "")
-        slab = converter(tensor.qtype, kquant_file, where)(raw, shape)
+        slab = converter(tensor.qtype, kquant_file, layout, where)(raw, shape)
         if count == rows:
             out = slab
         else:  # written into the whole tensor in place (its buffer donated to each update)

@@ -36,6 +36,8 @@ class Description:
     tokenizer: str | None
     """The tokenizer fingerprint: a hash of the vocabulary and merges (see `header`)."""
     vocab_size: int | None = None
+    carried_drafts: tuple[str, ...] = ()
+    """Drafters the model carries inside it ('dflash': an Ollama manifest's `draft.`)."""
 
 
 def _int(value: Any) -> int | None:
@@ -57,11 +59,14 @@ def file_type_name(value: Any) -> str | None:
 def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     """A GGUF file from its header; `file_type` (Ollama's config says it) when the header's
     own `general.file_type` is missing."""
-    from macspec.models.gguf.tensors import compute_dtype, resident_bytes  # mlx: not at start-up
+    from macspec.models.gguf.layout import default_layout  # mlx: not at start-up
+    from macspec.models.gguf.tensors import compute_dtype, resident_bytes
 
     try:  # one read: the metadata, the tensor table (no vocabulary) and a split model's parts
         header = read_model_header(path, strings=False)
-        size, resident, dtype = header.size, resident_bytes(header), compute_dtype(header)
+        layout = default_layout()
+        size = header.size
+        resident, dtype = resident_bytes(header, layout), compute_dtype(header, layout)
     except MacspecError:  # no readable tensor table: described from the metadata alone
         header = read_header(path)
         # a split model's first part describes it; its size is every part's
@@ -125,11 +130,17 @@ def mlx_tokenizer_digest(folder: Path) -> str | None:
     tokenizer.json would take most of a listing's time); None without one. Conversions of one
     family copy the same files, so they match; a reformatted copy only misses a pair. Not
     comparable with a GGUF's (GGUF's own bytes): pairs are made within one format."""
+    return tokenizer_files_digest({name: folder / name for name in TOKENIZER_FILES})
+
+
+def tokenizer_files_digest(files: dict[str, Path]) -> str | None:
+    """`mlx_tokenizer_digest` of files by name wherever they lie (an Ollama manifest's JSON
+    blobs hold a folder's tokenizer.json): the same files give the same fingerprint."""
     h = hashlib.sha256()
     found = False
     for name in TOKENIZER_FILES:
-        path = folder / name
-        if path.is_file():
+        path = files.get(name)
+        if path is not None and path.is_file():
             found = True
             h.update(name.encode() + b"\0")
             with path.open("rb") as file:

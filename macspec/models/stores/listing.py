@@ -8,11 +8,12 @@ import json
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.split import first_parts
-from macspec.models.stores import lmstudio, ollama
+from macspec.models.stores import lmstudio, ollama, ollama_mlx
 from macspec.models.stores.describe import Description, describe_gguf, describe_mlx
 
 STORES = ("ollama", "lmstudio", "hf")
@@ -27,7 +28,8 @@ class LocalModel:
     store: str
     """'ollama', 'lmstudio' or 'hf' (the Hugging Face cache)."""
     path: Path | None
-    """The GGUF file or model folder; None when even that could not be found."""
+    """The GGUF file or model folder (an Ollama MLX model: its manifest); None when even that
+    could not be found."""
     about: Description | None
     """Its metadata; None when unreadable."""
     error: str | None = None
@@ -60,6 +62,13 @@ def ollama_models() -> Iterator[LocalModel]:
         short = name.short
         try:
             data = ollama.read_manifest(manifest, short)
+            if ollama_mlx.is_tensor_manifest(data):  # MLX weights, one blob per tensor
+                file_type = _ollama_file_type(data, root)
+                describe = partial(
+                    ollama_mlx.describe_tensor_manifest, data, root, short, file_type
+                )
+                yield _entry(short, "ollama", manifest, describe)
+                continue
             blob = ollama.model_blob(data, root, short)
         except MacspecError as exc:
             yield LocalModel(short, "ollama", None, None, str(exc))
@@ -137,5 +146,12 @@ def store_places() -> dict[str, str]:
 
 
 def describe_path(path: Path) -> Description:
-    """A GGUF file or a model folder, described from its metadata."""
+    """A GGUF file or a model folder, described from its metadata (a folder derived from an
+    Ollama MLX manifest: from the manifest, whose blobs hold its weights)."""
+    entry = ollama_mlx.tensor_entry(path) if path.is_dir() else None
+    if entry is not None:
+        manifest = Path(entry["manifest"])
+        data = ollama.read_manifest(manifest, str(manifest))
+        root = manifest.parents[4]  # manifests/<host>/<namespace>/<model>/<tag>
+        return ollama_mlx.describe_tensor_manifest(data, root, str(manifest), None)
     return describe_mlx(path) if path.is_dir() else describe_gguf(path)

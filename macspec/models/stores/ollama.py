@@ -134,15 +134,12 @@ def layers_of(data: dict[str, Any], media_type: str) -> list[dict[str, Any]]:
 
 
 def model_blob(data: dict[str, Any], root: Path, given: str) -> Path:
-    """The GGUF blob of a manifest's model layer, checked; newer tensor-layer manifests and
-    missing or foreign blobs are one line each."""
+    """The GGUF blob of a manifest's model layer, checked; MLX tensor-layer manifests (see
+    ollama_mlx) and missing or foreign blobs are one line each."""
     models = layers_of(data, MODEL)
     if not models:
         if layers_of(data, TENSOR):
-            raise MacspecError(
-                f"{given}: stored in Ollama's newer safetensors layout (one layer per tensor), "
-                "which macspec does not read yet; use a GGUF build of the model"
-            )
+            raise MacspecError(f"{given}: an MLX model (one layer per tensor), no GGUF blob")
         raise MacspecError(f"{given}: its manifest has no model layer ({MODEL})")
     path = blob_path(models[0].get("digest"), root)
     if path is None:
@@ -183,7 +180,12 @@ def resolve(spec: str, given: str | None = None) -> StoreModel:
     if path is None:
         raise MacspecError(f"{given}: not in Ollama's store {root}{_nearest(name, root)}")
     data = read_manifest(path, given)
-    model = model_blob(data, root, given)
+    from macspec.models.stores import ollama_mlx  # it reads this module's names
+
+    if ollama_mlx.is_tensor_manifest(data):  # MLX weights: a derived folder, blobs in place
+        model = ollama_mlx.tensor_folder(data, path, root, given)
+    else:
+        model = model_blob(data, root, given)
     notes = []
     if layers_of(data, PROJECTOR):
         notes.append(f"{given} has a vision projector: the text model runs, images are not read")

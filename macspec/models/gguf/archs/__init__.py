@@ -1,0 +1,48 @@
+"""The GGUF architectures macspec reads: one module each (its config keys, tensor names, and
+what llama.cpp's converter did to it, undone), registered in `ARCHITECTURES`, as mlx-lm keeps
+one file per model."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from macspec.errors import MacspecError
+from macspec.models.gguf.archs.base import Architecture
+from macspec.models.gguf.archs.gemma3 import Gemma3
+from macspec.models.gguf.archs.llama import Llama
+from macspec.models.gguf.archs.phi3 import Phi3
+from macspec.models.gguf.archs.qwen import Qwen2, Qwen3
+from macspec.models.gguf.archs.qwen3moe import Qwen3Moe
+from macspec.models.gguf.header import GGUFHeader
+
+ARCHITECTURES: dict[str, Architecture] = {
+    arch.name: arch for arch in (Llama(), Qwen2(), Qwen3(), Qwen3Moe(), Gemma3(), Phi3())
+}
+"""GGUF's `general.architecture` -> how macspec reads it."""
+
+
+def architecture_of(header: GGUFHeader) -> Architecture:
+    """The file's architecture, or one line naming the one it is and those supported."""
+    arch = ARCHITECTURES.get(header.architecture)
+    if arch is None:
+        raise MacspecError(
+            f"{header.path}: architecture '{header.architecture}' is not supported for GGUF "
+            f"files (supported: {', '.join(ARCHITECTURES)})"
+        )
+    return arch
+
+
+def without_ignored(header: GGUFHeader) -> GGUFHeader:
+    """The header without the tensors that are not the text model's (a vision tower), so no
+    reader reads or counts them; any other architecture's header as it is."""
+    arch = ARCHITECTURES.get(header.architecture)
+    if arch is None or not any(arch.ignored(name) for name in header.tensors):
+        return header
+    kept = {name: entry for name, entry in header.tensors.items() if not arch.ignored(name)}
+    return replace(header, tensors=kept)
+
+
+def notices(header: GGUFHeader) -> list[str]:
+    """What the user should know about the file that is not an error (a part not used)."""
+    arch = ARCHITECTURES.get(header.architecture)
+    return arch.notices(header) if arch is not None else []
