@@ -285,8 +285,8 @@ def _bad_files(root):
         ): "tensor blk.0.attn_q.weight is Q8_1",
         str(
             _tiny_file(root / "mamba.gguf", arch="mamba").name
-        ): "architecture 'mamba' is not supported for GGUF files (supported: llama, qwen2, qwen3, "
-        "qwen3moe, gemma3, phi3)",
+        ): "architecture 'mamba' is not supported for GGUF files (supported: llama, mistral3, "
+        "qwen2, qwen3, qwen3moe, gemma3, phi3)",
         "notok.gguf": "no tokenizer",
     }
 

@@ -9,14 +9,15 @@ from dataclasses import replace
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Architecture
 from macspec.models.gguf.archs.gemma3 import Gemma3
-from macspec.models.gguf.archs.llama import Llama
+from macspec.models.gguf.archs.llama import Llama, Mistral3
 from macspec.models.gguf.archs.phi3 import Phi3
 from macspec.models.gguf.archs.qwen import Qwen2, Qwen3
 from macspec.models.gguf.archs.qwen3moe import Qwen3Moe
 from macspec.models.gguf.header import GGUFHeader
 
 ARCHITECTURES: dict[str, Architecture] = {
-    arch.name: arch for arch in (Llama(), Qwen2(), Qwen3(), Qwen3Moe(), Gemma3(), Phi3())
+    arch.name: arch
+    for arch in (Llama(), Mistral3(), Qwen2(), Qwen3(), Qwen3Moe(), Gemma3(), Phi3())
 }
 """GGUF's `general.architecture` -> how macspec reads it."""
 

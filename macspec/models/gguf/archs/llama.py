@@ -59,3 +59,11 @@ class Llama(Architecture):
 
     def rope_factors(self, weights: Mapping[str, mx.array]) -> mx.array | None:
         return weights.get(ROPE_FREQS)
+
+
+class Mistral3(Llama):
+    """Mistral Small 3.1/3.2 and Devstral: convert_hf_to_gguf.py's Mistral3Model writes the text
+    model as a LlamaModel under this name (Q and K rows permuted the same way), and llama.cpp
+    reads it as llama (tests/fixtures/llamacpp/mistral3.json: the llama file's answer)."""
+
+    name = "mistral3"
