@@ -185,6 +185,38 @@ def test_stdin_prompt_raw_and_no_draft(capsys, monkeypatch, folders):
     assert set(record["sources"]) <= {"target"}
 
 
+@pytest.mark.parametrize("prompt", [" ", "\n\n\n", "   \t"])
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "chat"])
+def test_a_prompt_of_whitespace_is_content(capsys, monkeypatch, folders, prompt, raw):
+    """Whitespace is a prompt (a raw continuation of code, a document of blank lines): it is
+    answered, with the target alone's ids, from the argument and from stdin alike."""
+    args = ["--model", folders["target"], "--json", "--max-tokens", "4", *(["--raw"] * raw)]
+    code, out, err = invoke(capsys, monkeypatch, "run", prompt, *args, "--no-draft")
+    assert code == 0, err
+    alone = json.loads(out)
+    if raw:
+        assert alone["prompt_tokens"] == tiny.tokenizer(folders["target"]).encode(prompt)
+    code, out, err = invoke(capsys, monkeypatch, "run", prompt, *args, "-k", "2")
+    assert code == 0, err
+    assert json.loads(out)["tokens"] == alone["tokens"]
+    # Piped, its last line ends are dropped (echo's newline); what is left is the prompt.
+    code, out, err = invoke(capsys, monkeypatch, "run", "-", *args, stdin=f" {prompt}\n")
+    assert code == 0, err
+    if raw:
+        piped = tiny.tokenizer(folders["target"]).encode(f" {prompt}".rstrip("\r\n"))
+        assert json.loads(out)["prompt_tokens"] == piped
+
+
+@pytest.mark.parametrize("stdin", ["", "\n", "\r\n\n"])
+def test_stdin_of_nothing_but_line_ends_is_empty(capsys, monkeypatch, folders, stdin):
+    args = ["run", "-", "--model", folders["target"], "--raw"]
+    code, out, err = invoke(capsys, monkeypatch, *args, stdin=stdin)
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        "macspec: error: the prompt is empty (stdin gave nothing before its final line ends)"
+    )
+
+
 def test_sampled_runs_repeat_with_a_seed(capsys, monkeypatch, folders):
     args = [
         "run",
@@ -229,7 +261,7 @@ BAD_INPUTS = {
         ["run", "hi", "--model", "{target}", "--no-draft", "--draft", "lookup"],
         "contradict",
     ),
-    "empty prompt": (["run", "  ", "--model", "{target}"], "empty"),
+    "empty prompt": (["run", "", "--model", "{target}"], "the prompt is empty"),
     "max tokens 0": (["run", "hi", "--model", "{target}", "--max-tokens", "0"], "--max-tokens"),
     "max tokens negative": (
         ["run", "hi", "--model", "{target}", "--max-tokens", "-3"],

@@ -20,7 +20,13 @@ from macspec.cli.answer_output import (
 from macspec.cli.app import app, fail
 from macspec.cli.notice import DelayedNotice
 from macspec.cli.store_params import say_draft_choice, with_store_params
-from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
+from macspec.errors import (
+    EMPTY_PROMPT,
+    EXIT_INCOMPLETE,
+    EXIT_INTERRUPTED,
+    QuietExit,
+    is_empty_prompt,
+)
 from macspec.models.catalog import context_length, resolve_models
 from macspec.models.hub import display_name
 
@@ -37,8 +43,11 @@ def read_prompt(prompt: str) -> str:
     text = read_stdin().rstrip("\r\n") if prompt == "-" else prompt
     if "\x00" in text:
         fail("the prompt holds binary data (NUL bytes); give text")
-    if not text.strip():
-        fail("the prompt is empty" + (" (stdin gave no text)" if prompt == "-" else ""))
+    if is_empty_prompt(text):  # whitespace is content (a raw continuation); nothing is not
+        fail(
+            EMPTY_PROMPT
+            + (" (stdin gave nothing before its final line ends)" if prompt == "-" else "")
+        )
     return text
 
 

@@ -20,7 +20,7 @@ from macspec.engine.core.wired import wired_limit
 from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.generate.detokenize import answer_detokenizer
 from macspec.engine.policy.length import DraftPolicy
-from macspec.errors import MacspecError
+from macspec.errors import EMPTY_PROMPT, MacspecError, is_empty_prompt
 
 
 class Engine(Protocol):
@@ -53,8 +53,8 @@ class AnswerState:
         config: GenerationConfig,
         cancelled: Callable[[], bool] | None = None,
     ):
-        if not prompt:
-            raise MacspecError("the prompt is empty")
+        if is_empty_prompt(prompt):
+            raise MacspecError(f"{EMPTY_PROMPT} (no ids)")
         self.config, self.by_context = config.within_context(len(prompt))
         self.stats = Stats(prompt_tokens=len(prompt))
         self.rng = None
