@@ -245,6 +245,7 @@ def answer(
             out.emit_line("")
     except StdoutFailed as exc:
         stdout_failed(exc)
+    say_price(done, resolved)  # before the stats line, which stays the last
     print(summary_line(done.stats, done.finish_reason), file=sys.stderr)
     if not done.tokens and done.finish_reason == "stop":
         hint = " (--raw sends the prompt without the chat template)" if raw else ""
@@ -252,6 +253,14 @@ def answer(
     if cut is not None:
         print(f"macspec: {cut}", file=sys.stderr)
     return code
+
+
+def say_price(done: Done, resolved: ResolvedModels) -> None:
+    """The draft length's cost model, measured over this answer, when it says speculation
+    loses with the draft the user named (not for one macspec chose: nothing to act on)."""
+    note = done.stats.price_note
+    if note is not None and not resolved.draft_chosen_for_you:
+        print(f"macspec: warning: {note} (a smaller draft, or --no-draft)", file=sys.stderr)
 
 
 GRAMMAR_NAMES = {"json_schema": "JSON schema", "json": "JSON", "regex": "regex", "lark": "grammar"}

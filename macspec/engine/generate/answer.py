@@ -123,6 +123,7 @@ class AnswerState:
         if policy is not None and policy.reason is not None:  # --draft auto: which, and why
             stats.drafter_choice = policy.reason
         stats.tree_note = policy.tree_note if policy is not None else None  # why chains
+        stats.price_note = policy.price_note() if policy is not None else None
         if not engine.guard.on:  # a drafter failed: it was switched off, and why
             stats.plain_reason = engine.guard.reason
         elif engine.drafter is not None and not stats.draft_proposed and stats.target_passes:
