@@ -1,5 +1,9 @@
 """Errors a user can cause: the CLI prints them as one line and exits with code 2."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 EXIT_USER_ERROR = 2
 """Bad input or environment: one line on stderr."""
 EXIT_INCOMPLETE = 3
@@ -7,6 +11,20 @@ EXIT_INCOMPLETE = 3
 text) before its grammar was complete, so it does not match it; said in one line on stderr."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C (128 + SIGINT). A command that says so itself (a stats line) ends with QuietExit(130)."""
+
+
+EMPTY_PROMPT = "the prompt is empty"
+"""What every path (run, chat, serve's APIs, tune, the engine) says of a prompt with nothing
+in it; whitespace is not nothing (`is_empty_prompt`)."""
+
+
+def is_empty_prompt(prompt: str | Sequence[int]) -> bool:
+    """Whether a prompt, as text or as ids, has nothing to feed: no characters, or no ids.
+
+    Whitespace is content: a raw completion continues code or a document of blank lines, and
+    OpenAI's completions API takes it. Only nothing at all is refused, the same on every path.
+    """
+    return len(prompt) == 0
 
 
 class MacspecError(Exception):

@@ -71,6 +71,22 @@ def test_every_row_is_the_target_alone_greedy(tok, kind, source):
     assert max(row.done.stats.rows_per_pass for row in rows) > 1  # they did share passes
 
 
+@pytest.mark.parametrize(
+    "kind,source", [("llama", "model"), ("gemma3_text", "model"), ("mamba2", "lookup")]
+)
+def test_a_one_id_prompt_joins_a_batch_as_itself_alone(tok, kind, source):
+    """A prompt of one id (a single space) prefills nothing: its row joins the rows' caches
+    empty (no keys yet; a recurrent state of zeros, as the model starts one), before, between
+    and after rows that hold ids, and each row is still the target alone's."""
+    target, draft = models(kind)
+    one = tok.encode(" ")[-1:]
+    prompts = [one, tok.encode(PROMPTS[0]), one]
+    wants = [reference(target, p, 8) for p in prompts]
+    engine = BatchEngine(target, tok, drafting(source, draft), lambda d: FixedPolicy(3))
+    rows = run_all(engine, prompts, [GenerationConfig(max_tokens=8)] * 3)
+    assert [row.done.tokens for row in rows] == wants
+
+
 def seeded_alone(tok, target, prompts, max_tokens: int, first_seed: int):
     """Seeded configs (two sampling settings in turn, a seed each) and what the target alone
     samples for each prompt with its config."""

@@ -18,6 +18,7 @@ import macspec.cli  # noqa: F401  (registers the commands on the app)
 from macspec.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
+INDEX = ROOT / "docs" / "index.md"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^\s*(```|~~~)")
 LINK = re.compile(r"!?\[(?:[^\]`]|`[^`]*`)*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -218,3 +219,22 @@ def test_every_file_the_docs_name_is_there():
 def test_mkdocs_nav_lists_every_guide():
     nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert sorted(nav) == sorted(p.name for p in PAGES if p.parent == ROOT / "docs")
+
+
+def guide_list(path: Path, prefix: str) -> list[str]:
+    """A front page's list of guides: its `- [Title](PREFIXguide.md): what it covers.` lines,
+    the prefix (README's `docs/`) dropped."""
+    bullet = re.compile(r"^- \[[^\]]+\]\(" + re.escape(prefix) + r"[\w-]+\.md\): ")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.replace(f"]({prefix}", "](", 1) for line in lines if bullet.match(line)]
+
+
+def test_the_two_front_pages_list_the_same_guides_in_the_navs_order():
+    """README.md (GitHub's front page) and docs/index.md (the site's) say the same of each
+    guide, word for word: one is edited, the other follows, or this fails."""
+    readme = guide_list(ROOT / "README.md", "docs/")
+    assert guide_list(INDEX, "") == readme
+    first = [p.read_text(encoding="utf-8").split("\n\n")[1] for p in (ROOT / "README.md", INDEX)]
+    assert first[0] == first[1] and "GGUF" in first[0]  # what macspec is, said once
+    nav = re.findall(r":\s*([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert [re.search(r"\(([\w-]+\.md)\)", line).group(1) for line in readme] == nav[1:]

@@ -13,6 +13,7 @@ from macspec.engine.core.events import Cycle, Done, Source, Token
 from macspec.engine.drafters.model import ModelDrafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import AutoPolicy, DraftPolicy, FixedPolicy
+from macspec.errors import MacspecError
 
 MAX_TOKENS = 24
 
@@ -117,6 +118,19 @@ def test_plain_decoding_is_mlx_lm_greedy(tok, target, prompt_ids, references):
         assert done.stats.tokens_per_pass == 1.0
         ended += eos_pass
     assert ended  # some answers end on EOS, so both cases are checked
+
+
+def test_a_one_id_prompt_is_answered_and_no_ids_is_refused(tok, target, drafts):
+    """The rule of every path (macspec.errors.is_empty_prompt): a prompt of one id (a single
+    space) is decoded as the target alone decodes it, drafted or not; no ids is one line."""
+    plain, spec = (
+        Engine(target, tok),
+        Engine(target, tok, ModelDrafter(drafts["self"]), FixedPolicy(2)),
+    )
+    done, _ = run(plain, [tok.encode(" ")[-1]], max_tokens=6)
+    assert run(spec, [tok.encode(" ")[-1]], max_tokens=6)[0].tokens == done.tokens
+    with pytest.raises(MacspecError, match=r"^the prompt is empty \(no ids\)$"):
+        run(plain, [], max_tokens=6)
 
 
 class NeverGuess(DraftPolicy):

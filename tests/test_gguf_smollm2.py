@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from ggufkit import llama_reference_folder, smollm2_path
 from losslesskit import reference
+from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model
 from servekit import KEY, client
 
 from macspec.cli import main
+from macspec.engine.core.grammar import Grammar, ll_tokenizer
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
@@ -166,3 +169,70 @@ def test_serve_answers_the_openai_sdk(smollm2, answers):
         )
     assert reply.choices[0].message.content == loaded.tokenizer.decode(answers[QUESTION])
     assert reply.usage.completion_tokens == len(answers[QUESTION])
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+CITY = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "country": {"type": "string"},
+        "population": {"type": "number"},
+    },
+    "required": ["city", "country", "population"],
+    "additionalProperties": False,
+}
+
+
+def llguidance_greedy(loaded, prompt: list[int], schema: dict, options, max_tokens: int):
+    """mlx-lm's own greedy loop (generate_step) with llguidance's mask as a logits processor,
+    the grammar compiled by llguidance from `schema` with `options` (None: its defaults)."""
+    from llguidance import LLMatcher
+
+    tokenizer = loaded.tokenizer
+    grammar = LLMatcher.grammar_from_json_schema(schema, defaults=options)
+    matcher, fed = LLMatcher(ll_tokenizer(tokenizer), grammar), [len(prompt)]
+
+    def mask(tokens: mx.array, logits: mx.array) -> mx.array:
+        for token in tokens.tolist()[fed[0] :]:
+            assert matcher.consume_token(token)
+        fed[0] = len(tokens)
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little")
+        allowed = np.zeros(logits.shape[-1], bool)
+        allowed[: min(len(bits), len(allowed))] = bits[: len(allowed)]
+        return mx.where(mx.array(allowed), logits, -mx.inf)
+
+    out = []
+    steps = generate_step(mx.array(prompt), loaded.target, max_tokens=max_tokens,
+                          logits_processors=[mask])  # fmt: skip
+    for token, _ in steps:
+        if int(token) in tokenizer.eos_token_ids:
+            break
+        out.append(int(token))
+    return out
+
+
+@pytest.mark.parametrize(
+    "schema,ask",
+    [(PERSON, "Alice is 30 years old. Give her as JSON."), (CITY, "Paris, France: as JSON.")],
+)
+def test_constrained_ids_are_llguidances_with_macspecs_json_options(smollm2, schema, ask):
+    """macspec's JSON grammar is llguidance's with `{"whitespace_flexible": false}` (compact
+    JSON, see docs/structured-outputs.md): mlx-lm + llguidance given that option answers the
+    same ids, drafted or not. With llguidance's defaults (any whitespace) SmolLM2 writes
+    pretty-printed JSON instead, which is the whole difference."""
+    _, engine, loaded, _ = smollm2
+    prompt = chat(loaded.tokenizer, ask, system="")
+    config = GenerationConfig(max_tokens=24, grammar=Grammar.json_schema(schema))
+    done = list(engine.generate(prompt, config))[-1]
+    assert done.stats.draft_proposed > 0
+    compact = llguidance_greedy(loaded, prompt, schema, {"whitespace_flexible": False}, 24)
+    assert done.tokens == compact
+    assert loaded.tokenizer.decode(compact).startswith('{"')
+    flexible = llguidance_greedy(loaded, prompt, schema, None, 24)
+    assert loaded.tokenizer.decode(flexible).startswith('{\n  "')

@@ -103,3 +103,20 @@ def test_make_policy(spec, expected):
 def test_bad_draft_lengths_are_user_errors(spec):
     with pytest.raises(MacspecError):
         make_policy(spec)
+
+
+def test_the_price_says_a_big_draft_pays_where_its_guesses_are_kept_and_loses_where_not():
+    """A draft at 0.44 of the target's cost per token (Qwen2.5-Coder 0.5B for 1.5B) on a GPU:
+    its size alone decides nothing. Kept 90% of the time it pays (no note); kept 25%, or on a
+    CPU where a pass over m ids costs m, the measured price says speculation loses."""
+    paying = AutoPolicy()
+    simulate(paying, 300, 0.9, lambda i, m: gpu(m), draft_step=0.0044)
+    assert paying.price_note() is None
+    for acceptance, device in ((0.25, gpu), (0.9, cpu)):
+        losing = AutoPolicy()
+        simulate(losing, 300, acceptance, lambda i, m, d=device: d(m), draft_step=0.0044)
+        note = losing.price_note()
+        assert note is not None and note.startswith("speculation loses here")
+        assert "a guess costs 0.44 of a target pass" in note
+    assert AutoPolicy().price_note() is None  # nothing measured: nothing said
+    assert FixedPolicy(3).price_note() is None

@@ -14,6 +14,7 @@ from mlx_lm.models import mamba
 from mlx_lm.utils import load
 
 from macspec.cli import main
+from macspec.engine.policy.length import AutoPolicy
 
 STATS_KEYS = {
     "prompt_tokens",
@@ -148,8 +149,30 @@ def test_streams_text_and_prints_stats_on_stderr(capsys, monkeypatch, folders):
     assert out.rstrip("\n") == text.rstrip("\n")
     stats_line = err.strip().splitlines()[-1]
     assert "12 tokens" in stats_line and "tokens/pass" in stats_line and "ttft" in stats_line
-    # A draft as big as its target is worth a warning.
-    assert "warning: the draft is 100% of the target's size" in err
+    # A draft's size is no price: as big as its target, it is judged by what it measures.
+    assert "target's size" not in err
+
+
+PRICE = "speculation loses here at the measured prices: (as measured)"
+
+
+@pytest.mark.parametrize("chosen", ["named", "catalog pair"])
+def test_a_draft_that_measures_a_loss_is_said_only_when_the_user_named_it(
+    capsys, monkeypatch, folders, chosen
+):
+    """The cost model of `-k auto` measured a loss over the answer (its figures are
+    test_policy's): a warning before the stats line for a draft the user named, none for a
+    pair macspec chose itself (the catalog's, `--draft-model auto`'s)."""
+    monkeypatch.setattr(AutoPolicy, "price_note", lambda self: PRICE)
+    models = ["--model", folders["target"], "--draft-model", folders["draft"]]
+    args = ["run", "hi", *(models if chosen == "named" else []), "--max-tokens", "4", "-k", "auto"]
+    code, out, err = invoke(capsys, monkeypatch, *args)
+    assert code == 0, err
+    warned = f"macspec: warning: {PRICE} (a smaller draft, or --no-draft)"
+    assert (warned in err.splitlines()) == (chosen == "named")
+    assert "tokens/pass" in err.strip().splitlines()[-1]
+    code, out, err = invoke(capsys, monkeypatch, *args, "--json")
+    assert json.loads(out)["stats"]["price_note"] == PRICE
 
 
 def test_stdin_prompt_raw_and_no_draft(capsys, monkeypatch, folders):
@@ -183,6 +206,38 @@ def test_stdin_prompt_raw_and_no_draft(capsys, monkeypatch, folders):
     assert record["draft_model"] is None
     assert record["stats"]["acceptance_rate"] is None
     assert set(record["sources"]) <= {"target"}
+
+
+@pytest.mark.parametrize("prompt", [" ", "\n\n\n", "   \t"])
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "chat"])
+def test_a_prompt_of_whitespace_is_content(capsys, monkeypatch, folders, prompt, raw):
+    """Whitespace is a prompt (a raw continuation of code, a document of blank lines): it is
+    answered, with the target alone's ids, from the argument and from stdin alike."""
+    args = ["--model", folders["target"], "--json", "--max-tokens", "4", *(["--raw"] * raw)]
+    code, out, err = invoke(capsys, monkeypatch, "run", prompt, *args, "--no-draft")
+    assert code == 0, err
+    alone = json.loads(out)
+    if raw:
+        assert alone["prompt_tokens"] == tiny.tokenizer(folders["target"]).encode(prompt)
+    code, out, err = invoke(capsys, monkeypatch, "run", prompt, *args, "-k", "2")
+    assert code == 0, err
+    assert json.loads(out)["tokens"] == alone["tokens"]
+    # Piped, its last line ends are dropped (echo's newline); what is left is the prompt.
+    code, out, err = invoke(capsys, monkeypatch, "run", "-", *args, stdin=f" {prompt}\n")
+    assert code == 0, err
+    if raw:
+        piped = tiny.tokenizer(folders["target"]).encode(f" {prompt}".rstrip("\r\n"))
+        assert json.loads(out)["prompt_tokens"] == piped
+
+
+@pytest.mark.parametrize("stdin", ["", "\n", "\r\n\n"])
+def test_stdin_of_nothing_but_line_ends_is_empty(capsys, monkeypatch, folders, stdin):
+    args = ["run", "-", "--model", folders["target"], "--raw"]
+    code, out, err = invoke(capsys, monkeypatch, *args, stdin=stdin)
+    assert code == 2 and out == ""
+    assert err.strip() == (
+        "macspec: error: the prompt is empty (stdin gave nothing before its final line ends)"
+    )
 
 
 def test_sampled_runs_repeat_with_a_seed(capsys, monkeypatch, folders):
@@ -229,7 +284,7 @@ BAD_INPUTS = {
         ["run", "hi", "--model", "{target}", "--no-draft", "--draft", "lookup"],
         "contradict",
     ),
-    "empty prompt": (["run", "  ", "--model", "{target}"], "empty"),
+    "empty prompt": (["run", "", "--model", "{target}"], "the prompt is empty"),
     "max tokens 0": (["run", "hi", "--model", "{target}", "--max-tokens", "0"], "--max-tokens"),
     "max tokens negative": (
         ["run", "hi", "--model", "{target}", "--max-tokens", "-3"],

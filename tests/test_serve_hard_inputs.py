@@ -9,8 +9,9 @@ import json
 import logging
 from pathlib import Path
 
+import httpx
 import pytest
-from servekit import client, demo_server, post
+from servekit import KEY, client, demo_server, post
 
 import macspec
 from macspec.engine.core.config import GenerationConfig
@@ -26,6 +27,7 @@ PERSON = {
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
     "required": ["name", "age"],
 }
+HEADERS = {"Authorization": f"Bearer {KEY}"}
 ASK = [{"role": "user", "content": "Alice is 30 years old. Give her as JSON."}]
 MAX_TOKENS = 40
 
@@ -88,3 +90,29 @@ def test_json_formats_answer_200_with_the_targets_answer(server, plain, fmt):
         )
         want = answer(encode_messages(tokenizer, ASK), grammar)
         assert reply.choices[0].message.content == want
+
+
+@pytest.mark.parametrize("prompt", [" ", "\n\n\n"])
+def test_a_prompt_of_whitespace_is_answered_on_every_api(server, plain, prompt):
+    """Whitespace is content, as OpenAI's completions API takes it: every API answers it (a
+    completion and Ollama's raw generate with the target alone's continuation); only a prompt
+    with no characters is refused."""
+    answer, tokenizer = plain
+    completion = client(server).completions.create(model="tiny", prompt=prompt)
+    assert completion.choices[0].text == answer(tokenizer.encode(prompt), completion=True)
+    root = server.base_url[:-3]
+    generate = {"model": "tiny", "prompt": prompt, "raw": True, "stream": False}
+    reply = httpx.post(root + "/api/generate", json=generate, headers=HEADERS, timeout=30)
+    assert reply.json()["response"] == answer(tokenizer.encode(prompt), completion=True)
+    said = [{"role": "user", "content": prompt}]
+    chats = [
+        ("/chat/completions", {"model": "tiny", "messages": said}),
+        ("/responses", {"model": "tiny", "input": prompt}),
+        ("/messages", {"model": "tiny", "max_tokens": 4, "messages": said}),
+    ]
+    for path, body in chats:
+        assert post(server, path, body).status_code == 200, path
+    for empty in ("", [""], []):
+        reply = post(server, "/completions", {"model": "tiny", "prompt": empty})
+        assert reply.status_code == 400
+        assert reply.json()["error"]["message"] == "the prompt is empty"

@@ -184,8 +184,16 @@ def test_a_message_too_long_alone_is_an_error(tok, store):
         chat.send("x" * 100)
     assert chat.messages == [] and chat.conversation_id is None
     assert store.list_conversations() == []
-    with pytest.raises(MacspecError, match="empty"):
-        chat.send("   ")
+    with pytest.raises(MacspecError, match="the message is empty"):
+        chat.send("")
+    assert chat.messages == []
+
+
+def test_a_message_of_whitespace_is_content(tok, store):
+    """The rule of every path (macspec.errors.is_empty_prompt): only no characters is empty."""
+    chat, _, _ = session_for(tok, store, max_tokens=4)
+    answer(chat.send("  \n"))
+    assert [m["content"] for m in chat.messages][:1] == ["  \n"]
 
 
 def test_resume_and_new_conversation(tok, store):

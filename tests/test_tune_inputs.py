@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 from tunekit import files_under, run_cli, tune_models_fixture
 
+from macspec.errors import MacspecError
+from macspec.tune.prompts import history_prompts, parse_line
+
 models = tune_models_fixture()
 
 
@@ -148,3 +151,14 @@ def test_better_means_a_gain_the_held_out_prompts_can_tell_from_chance():
     # evidence (and registers no pair).
     assert verdict_of(before[:1], steady[:1]) == "unclear"
     assert verdict_of(steady[:1], before[:1]) == "unclear"
+
+
+def test_a_prompt_of_whitespace_is_content_only_nothing_is_empty():
+    """The rule of every path: a JSON prompt of whitespace is a prompt; one of no characters
+    is an error naming its line (a blank line of the file is skipped, as before)."""
+    assert parse_line('{"prompt": "  \\n"}', "p.jsonl:1").messages == (("user", "  \n"),)
+    assert parse_line('" "', "p.jsonl:2").messages == (("user", " "),)
+    with pytest.raises(MacspecError, match=r"^p.jsonl:3: the prompt is empty$"):
+        parse_line('{"prompt": ""}', "p.jsonl:3")
+    history = history_prompts([[("user", " "), ("assistant", "ok"), ("user", "")]])
+    assert [p.messages[-1] for p in history] == [("user", " ")]

@@ -26,7 +26,7 @@ from macspec.chat.records import MessageRow
 from macspec.chat.store import ModelInfo, Store
 from macspec.engine.core.events import Done, Event, Token
 from macspec.engine.generate.loop import Engine, GenerationConfig
-from macspec.errors import MacspecError
+from macspec.errors import MacspecError, is_empty_prompt
 from macspec.models.reasoning import ReasoningSplitter, reasoning_start
 from macspec.models.templates import encode_messages
 from macspec.prefix.tier import generate
@@ -229,7 +229,7 @@ class ChatSession:
         Raises at once (nothing saved, nothing changed) for an empty or too long message.
         The answer is saved while streaming, and finished whatever way the stream ends.
         """
-        if not text.strip():
+        if is_empty_prompt(text):  # whitespace is content, as on every other path
             raise MacspecError("the message is empty")
         user = {"role": "user", "content": text}
         plan = self.plan([*self.messages, user])

@@ -20,7 +20,13 @@ from macspec.cli.answer_output import (
 from macspec.cli.app import app, fail
 from macspec.cli.notice import DelayedNotice
 from macspec.cli.store_params import say_draft_choice, with_store_params
-from macspec.errors import EXIT_INCOMPLETE, EXIT_INTERRUPTED, QuietExit
+from macspec.errors import (
+    EMPTY_PROMPT,
+    EXIT_INCOMPLETE,
+    EXIT_INTERRUPTED,
+    QuietExit,
+    is_empty_prompt,
+)
 from macspec.models.catalog import context_length, resolve_models
 from macspec.models.hub import display_name
 
@@ -37,8 +43,11 @@ def read_prompt(prompt: str) -> str:
     text = read_stdin().rstrip("\r\n") if prompt == "-" else prompt
     if "\x00" in text:
         fail("the prompt holds binary data (NUL bytes); give text")
-    if not text.strip():
-        fail("the prompt is empty" + (" (stdin gave no text)" if prompt == "-" else ""))
+    if is_empty_prompt(text):  # whitespace is content (a raw continuation); nothing is not
+        fail(
+            EMPTY_PROMPT
+            + (" (stdin gave nothing before its final line ends)" if prompt == "-" else "")
+        )
     return text
 
 
@@ -238,6 +247,7 @@ def answer(
             out.emit_line("")
     except StdoutFailed as exc:
         stdout_failed(exc)
+    say_price(done, resolved)  # before the stats line, which stays the last
     print(summary_line(done.stats, done.finish_reason), file=sys.stderr)
     if not done.tokens and done.finish_reason == "stop":
         hint = " (--raw sends the prompt without the chat template)" if raw else ""
@@ -245,6 +255,14 @@ def answer(
     if cut is not None:
         print(f"macspec: {cut}", file=sys.stderr)
     return code
+
+
+def say_price(done: Done, resolved: ResolvedModels) -> None:
+    """The draft length's cost model, measured over this answer, when it says speculation
+    loses with the draft the user named (not for one macspec chose: nothing to act on)."""
+    note = done.stats.price_note
+    if note is not None and not resolved.draft_chosen_for_you:
+        print(f"macspec: warning: {note} (a smaller draft, or --no-draft)", file=sys.stderr)
 
 
 GRAMMAR_NAMES = {"json_schema": "JSON schema", "json": "JSON", "regex": "regex", "lark": "grammar"}

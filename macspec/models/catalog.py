@@ -128,6 +128,12 @@ class ResolvedModels:
     draft_choice: str | None = None
     """With `--draft-model auto`: one line saying which draft was picked, and why."""
 
+    @property
+    def draft_chosen_for_you(self) -> bool:
+        """Whether macspec chose the draft (a catalog pair, `--draft-model auto`) rather than
+        the user naming it: a price note about it is then not the user's to act on."""
+        return self.draft is not None and (self.pair is not None or self.draft_choice is not None)
+
     def head(self, kind: str) -> Path | None:
         """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk, else the one the
         target's Ollama manifest carries; None when it has none."""

@@ -21,9 +21,6 @@ from macspec.models.stores.ollama_mlx import tensor_entry
 from macspec.models.stores.ollama_mlx_load import load_tensor_model
 from macspec.models.tokenizers import fingerprint
 
-DRAFT_FRACTION_WARNING = 0.25
-"""A draft above this share of the target's weight bytes rarely pays for itself."""
-
 
 @dataclass
 class LoadedModels:
@@ -188,14 +185,6 @@ def weight_bytes(model: nn.Module) -> int:
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
-def target_bytes(target: nn.Module, path: Path, group) -> int:
-    """The whole target's weight bytes: a sharded target holds only its part here, so the
-    files tell (safetensors take about what the weights take in memory)."""
-    if group is None:
-        return weight_bytes(target)
-    return sum(p.stat().st_size for p in path.glob("*.safetensors"))
-
-
 def output_vocab_size(model: nn.Module) -> int | None:
     args = getattr(model, "args", None)
     size = getattr(args, "vocab_size", None)
@@ -268,10 +257,4 @@ def load_models(
     draft = load_checked_draft(loaded, draft_path, target_name, draft_name)
     loaded.draft, loaded.draft_path = draft, draft_path
     loaded.draft_name = draft_name or str(draft_path)
-    fraction = weight_bytes(draft) / max(1, target_bytes(target, target_path, group))
-    if fraction > DRAFT_FRACTION_WARNING:
-        loaded.warnings.append(
-            f"the draft is {fraction:.0%} of the target's size; speculation rarely pays "
-            "with a draft above 25% (pick a smaller draft, or --no-draft)"
-        )
     return loaded

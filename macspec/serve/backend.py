@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from macspec.engine.core.grammar import Constraint, Grammar
 from macspec.engine.core.sampling import SamplingParams
 from macspec.engine.generate.loop import Engine, GenerationConfig
-from macspec.errors import MacspecError
+from macspec.errors import EMPTY_PROMPT, MacspecError, is_empty_prompt
 from macspec.models.answer_stream import AnswerStream
 from macspec.models.reasoning import reasoning_start
 from macspec.models.templates import encode_messages, encode_prompt, has_chat_template
@@ -268,11 +268,19 @@ class Backend:
                 400, f"the chat template refused the messages: {reason}", turn.field_prefix
             ) from None
 
+    def _encode_raw(self, text: str) -> list[int]:
+        """A raw prompt's ids; a 400 for text that encodes to none (whitespace a tokenizer
+        drops), which the engine could not start from."""
+        with self._tokenizer_lock:
+            ids = encode_prompt(self.tokenizer, text, raw=True)
+        if is_empty_prompt(ids):
+            raise APIError(400, f"{EMPTY_PROMPT}: its text encodes to no ids", "prompt")
+        return ids
+
     def prepare_text(self, text: str, turn: ChatTurn) -> Prepared:
         """A prompt taken as it is (no template; Ollama's raw generate), with the settings
         and the answer's grammar of `turn`."""
-        with self._tokenizer_lock:
-            ids = encode_prompt(self.tokenizer, text, raw=True)
+        ids = self._encode_raw(text)
         if turn.grammar is not None:
             self._compile(turn.grammar, turn.grammar_param)
         config = self._config(turn, len(ids), turn.stop, turn.grammar)
@@ -281,8 +289,7 @@ class Backend:
     def prepare_completion(self, request: CompletionRequest) -> Prepared:
         prompt = request.single_prompt()
         if isinstance(prompt, str):
-            with self._tokenizer_lock:
-                ids = encode_prompt(self.tokenizer, prompt, raw=True)
+            ids = self._encode_raw(prompt)
         else:
             vocab = self.vocab_size
             if any(not 0 <= i < vocab for i in prompt):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
+from macspec.errors import EMPTY_PROMPT, is_empty_prompt
 from macspec.serve.errors import APIError
 from macspec.serve.formats import chat_format
 from macspec.serve.turn import ChatTurn, ToolChoice
@@ -242,8 +243,8 @@ class CompletionRequest(Request):
             if len(prompt) != 1:
                 raise APIError(400, "one prompt per request: send a string", "prompt")
             prompt = prompt[0]
-        if not prompt:
-            raise APIError(400, "the prompt is empty", "prompt")
+        if is_empty_prompt(prompt):  # whitespace is content, as OpenAI takes it
+            raise APIError(400, EMPTY_PROMPT, "prompt")
         return prompt
 
     def unsupported(self) -> APIError | None:

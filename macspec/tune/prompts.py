@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from macspec.errors import MacspecError, read_user_text
+from macspec.errors import EMPTY_PROMPT, MacspecError, is_empty_prompt, read_user_text
 
 ROLES = ("system", "user", "assistant")
 
@@ -66,8 +66,8 @@ def parse_line(line: str, where: str) -> TunePrompt:
 
 
 def _single(text: str, where: str) -> TunePrompt:
-    if not text.strip():
-        raise MacspecError(f"{where}: the prompt is empty")
+    if is_empty_prompt(text):
+        raise MacspecError(f"{where}: {EMPTY_PROMPT}")
     return TunePrompt((("user", text),), where)
 
 
@@ -96,7 +96,7 @@ def history_prompts(conversations: list[list[tuple[str, str]]]) -> list[TuneProm
     prompts = []
     for number, turns in enumerate(conversations, start=1):
         for end, (role, content) in enumerate(turns):
-            if role == "user" and content.strip():
+            if role == "user" and not is_empty_prompt(content):
                 prompts.append(TunePrompt(tuple(turns[: end + 1]), f"history #{number}"))
     return prompts
 

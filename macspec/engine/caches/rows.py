@@ -125,6 +125,9 @@ class RowsKVCache:
     def add_row(self, layer_cache: Any) -> None:
         """Append a row: a one-sequence cache (a request prefilled alone)."""
         length = int(layer_cache.offset)
+        if layer_cache.keys is None:  # a one-id prompt: nothing prefilled, its id comes next
+            self._add_empty_row()
+            return
         keys, values = layer_keys_values(layer_cache)
         held = keys.shape[2]
         width = max([length, *self.lengths, 1])
@@ -146,6 +149,15 @@ class RowsKVCache:
             self.values = mx.concatenate([self.values, row_v], axis=0)
         self.rows += 1
         self.set_lengths([*self.lengths, length])
+
+    def _add_empty_row(self) -> None:
+        """A row that holds no ids yet: zeros as wide as the others (none while no row holds
+        any: the next pass sizes the buffers for all)."""
+        if self.keys is not None:
+            self.keys = mx.concatenate([self.keys, mx.zeros_like(self.keys[:1])], axis=0)
+            self.values = mx.concatenate([self.values, mx.zeros_like(self.values[:1])], axis=0)
+        self.rows += 1
+        self.set_lengths([*self.lengths, 0])
 
     def keep_rows(self, kept: list[int]) -> None:
         """Only rows `kept` (indices, in order) remain."""
@@ -208,14 +220,11 @@ class RowsArraysCache(ArraysCache):
         self.rows = 0
 
     def add_row(self, layer_cache: ArraysCache) -> None:
-        state = [None if a is None else a for a in layer_cache.cache]
+        state = list(layer_cache.cache)
         if self.rows == 0:
             self.cache = state
         else:
-            self.cache = [
-                b if a is None else a if b is None else mx.concatenate([a, b])
-                for a, b in zip(self.cache, state)
-            ]
+            self.cache = [stack_state(a, b, self.rows) for a, b in zip(self.cache, state)]
         self.rows += 1
 
     def keep_rows(self, kept: list[int]) -> None:
@@ -265,3 +274,16 @@ def rows_caches(model_cache: list[Any]) -> list[RowsKVCache | RowsArraysCache] |
         else:
             caches.append(RowsKVCache(c.max_size if isinstance(c, RotatingKVCache) else None))
     return caches
+
+
+def stack_state(rows_state: mx.array | None, row_state: mx.array | None, rows: int) -> Any:
+    """`rows` rows' recurrent state with one more row's below it. A state not yet made (None:
+    a row that fed nothing, a one-id prompt) is zeros, as mlx-lm's models start it, so each
+    row keeps its own place."""
+    if rows_state is None and row_state is None:
+        return None
+    if rows_state is None:
+        rows_state = mx.zeros((rows, *row_state.shape[1:]), row_state.dtype)
+    if row_state is None:
+        row_state = mx.zeros_like(rows_state[:1])
+    return mx.concatenate([rows_state, row_state])

@@ -51,6 +51,10 @@ class Stats:
     """With --draft auto: the drafter picked last, and the measured rates it was picked by."""
     plain_reason: str | None = None
     """Why a run with a drafter guessed nothing at all, in words; None otherwise."""
+    price_note: str | None = None
+    """What the draft length's cost model measured, in words, when it says speculation loses
+    here (a draft too slow for what it gets kept); None otherwise. Callers decide whether to
+    show it (not for a pair macspec chose itself)."""
     tree_cycles: int = 0
     """Cycles that verified a draft tree (`--draft-tree`); their nodes count as proposed."""
     tree_nodes: int = 0
@@ -159,6 +163,7 @@ class Stats:
             "tree_note": self.tree_note,
             "drafter_choice": self.drafter_choice,
             "plain_reason": self.plain_reason,
+            "price_note": self.price_note,
             "sampler": self.sampler,
             "by_source": {
                 name: {"proposed": p, "accepted": a, "acceptance_rate": a / p if p else None}

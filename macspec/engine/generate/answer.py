@@ -20,7 +20,7 @@ from macspec.engine.core.wired import wired_limit
 from macspec.engine.drafters.protocol import Drafter
 from macspec.engine.generate.detokenize import answer_detokenizer
 from macspec.engine.policy.length import DraftPolicy
-from macspec.errors import MacspecError
+from macspec.errors import EMPTY_PROMPT, MacspecError, is_empty_prompt
 
 
 class Engine(Protocol):
@@ -53,8 +53,8 @@ class AnswerState:
         config: GenerationConfig,
         cancelled: Callable[[], bool] | None = None,
     ):
-        if not prompt:
-            raise MacspecError("the prompt is empty")
+        if is_empty_prompt(prompt):
+            raise MacspecError(f"{EMPTY_PROMPT} (no ids)")
         self.config, self.by_context = config.within_context(len(prompt))
         self.stats = Stats(prompt_tokens=len(prompt))
         self.rng = None
@@ -123,6 +123,7 @@ class AnswerState:
         if policy is not None and policy.reason is not None:  # --draft auto: which, and why
             stats.drafter_choice = policy.reason
         stats.tree_note = policy.tree_note if policy is not None else None  # why chains
+        stats.price_note = policy.price_note() if policy is not None else None
         if not engine.guard.on:  # a drafter failed: it was switched off, and why
             stats.plain_reason = engine.guard.reason
         elif engine.drafter is not None and not stats.draft_proposed and stats.target_passes:

@@ -178,6 +178,9 @@ class AgreedPolicy(DraftPolicy):
     def reason(self) -> str | None:
         return self.inner.reason
 
+    def price_note(self) -> str | None:
+        return self.inner.price_note()
+
     @property
     def tree_note(self) -> str | None:
         return self.inner.tree_note

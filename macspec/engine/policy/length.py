@@ -53,6 +53,11 @@ class DraftPolicy(Protocol):
         """The tree (a `trees.propose.TreePlan`) to verify this cycle, or None: a chain."""
         return None
 
+    def price_note(self) -> str | None:
+        """Words for when the measured price says speculation loses here; None otherwise
+        (or before both the guess and the plain pass are measured)."""
+        return None
+
     def carry_from(self, learned: DraftPolicy) -> None:
         """Start from what a policy of the same kind measured (a batch's new row takes the
         figures of the row that finished last: rows come and go, the device and the drafters
@@ -186,6 +191,20 @@ class AutoPolicy(DraftPolicy):
             return True
         rates = (self.expected_rate(k, optimistic=True) for k in range(1, self.max_k + 1))
         return any(rate is None or rate > plain for rate in rates)
+
+    def price_note(self) -> str | None:
+        # The verdict `could_pay` gives a probe: at the draft's measured cost per guess and the
+        # target's per pass, not even the acceptance the figures still allow beats plain steps.
+        plain, one = self.expected_rate(0), self.pass_time(1)
+        if plain is None or one is None or self._draft_step.value is None or self.could_pay():
+            return None
+        reached = sum(self._kept[1:]) / max(1e-9, sum(self._reached[1:]))
+        best = max(self.expected_rate(k) or 0.0 for k in range(1, self.max_k + 1))
+        return (
+            f"speculation loses here at the measured prices: a guess costs "
+            f"{self.guess_cost / one:.2f} of a target pass, and at {reached:.0%} of guesses "
+            f"kept the best draft length makes {best:.1f} tok/s against {plain:.1f} plain"
+        )
 
     # -- the policy interface ----------------------------------------------------------------
     def draft_length(self) -> int:

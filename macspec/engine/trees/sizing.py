@@ -87,6 +87,9 @@ class TreePolicy(DraftPolicy):
     def reason(self) -> str | None:  # --draft auto's words on its choice
         return self.inner.reason
 
+    def price_note(self) -> str | None:
+        return self.inner.price_note()
+
     def bind(self, engine, checked: tuple[str | None, bool] | None = None) -> None:
         """Check once that the engine's target can verify trees; `checked`: (the note why not,
         or None; whether recurrent layers branch) from an engine that checked its own passes
