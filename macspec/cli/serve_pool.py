@@ -36,7 +36,7 @@ def make_loader(draft_args: tuple, defaults_for: Callable, listen: tuple, disk=N
     `defaults_for(resolved)`: the request defaults for those models (the flags, and the
     model's Ollama params where no flag was given)."""
     from macspec.cli.gguf_notes import gguf_loading
-    from macspec.cli.serve import backend_for, open_batched
+    from macspec.cli.serve_backend import backend_for, open_batched
     from macspec.models.flags import needs_draft_model
     from macspec.prefix.tier import attach_pair
 

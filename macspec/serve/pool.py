@@ -273,13 +273,16 @@ class ModelPool:
     def tags(self) -> list[dict[str, Any]]:
         from macspec.serve import pool_listing
 
-        loaded = self._entries()
+        loaded = {key: entry.backend for key, entry in self._entries().items()}
         return [pool_listing.tag(m, loaded.get(m.model_id)) for m in self.models]
 
     def running(self) -> list[dict[str, Any]]:
         from macspec.serve import pool_listing
 
-        return [pool_listing.running(entry) for entry in self.loaded()]
+        return [
+            pool_listing.running(entry.servable, entry.backend, entry.expires_at)
+            for entry in self.loaded()
+        ]
 
     def show(self, name: str) -> dict[str, Any]:
         from macspec.serve import pool_listing

@@ -10,9 +10,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from macspec.errors import MacspecError
+from macspec.serve.backend import Backend
 from macspec.serve.model_names import listed_name
 from macspec.serve.ollama_models import FOREVER, described
-from macspec.serve.pool import Loaded
 from macspec.serve.servable import Servable
 
 
@@ -43,11 +43,11 @@ def details(servable: Servable) -> dict[str, Any]:
     }
 
 
-def tag(servable: Servable, loaded: Loaded | None) -> dict[str, Any]:
-    """One entry of /api/tags."""
+def tag(servable: Servable, backend: Backend | None) -> dict[str, Any]:
+    """One entry of /api/tags (`backend`: the model's, when loaded)."""
     name = listed_name(servable.model_id)
-    if loaded is not None:
-        entry = described(loaded.backend).listing()
+    if backend is not None:
+        entry = described(backend).listing()
     else:
         digest = hashlib.sha256(f"macspec:{servable.model_id}".encode()).hexdigest()
         size = servable.about.size_bytes if servable.about else servable.required_bytes
@@ -55,11 +55,11 @@ def tag(servable: Servable, loaded: Loaded | None) -> dict[str, Any]:
     return {**entry, "name": name, "model": name, "modified_at": modified_at(servable)}
 
 
-def running(loaded: Loaded) -> dict[str, Any]:
-    """One entry of /api/ps."""
-    entry = described(loaded.backend).running()
-    name = listed_name(loaded.servable.model_id)
-    return {**entry, "name": name, "model": name, "expires_at": _time(loaded.expires_at)}
+def running(servable: Servable, backend: Backend, expires_at: float | None) -> dict[str, Any]:
+    """One entry of /api/ps: a loaded model, until `expires_at` (None: for ever)."""
+    entry = described(backend).running()
+    name = listed_name(servable.model_id)
+    return {**entry, "name": name, "model": name, "expires_at": _time(expires_at)}
 
 
 def chat_template(servable: Servable) -> str:
