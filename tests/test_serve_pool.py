@@ -138,6 +138,7 @@ def test_concurrent_first_requests_load_once_and_answer_as_the_model_alone(serve
         replies = list(threads.map(lambda n: api.chat(n, MESSAGES, stream=False), names))
     assert loads.count == {SMOL: 1}
     assert [r.message.content for r in replies] == [expected[SMOL]] * 3
+    assert all(r.load_duration > 10**8 for r in replies)  # Ollama's: the wait for the load
     reply = oa.completions.create(model=GEMMA, prompt=PROMPT, max_tokens=TOKENS)
     assert reply.choices[0].text == expected[GEMMA]
     running = {m.model: m for m in api.ps().models}

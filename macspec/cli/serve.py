@@ -165,8 +165,11 @@ def serve(
     disk = opt.disk_cache(disk_cache_gb, disk_cache_dir)
     defaults = Defaults(temp, top_p, top_k, min_p, max_tokens, args)
     if model is None and pair is None:  # every model on this Mac, loaded on first request
+        from macspec.cli.ranks import launched
         from macspec.cli.serve_pool import serve_pool
 
+        if launched():
+            fail("macspec serve across machines (mlx.launch) serves one --model (or --pair)")
         if draft_model is not None or any_model:
             fail("--draft-model and --any-model go with a --model; without one, every model "
                  "on this Mac is served, each with the draft --draft-model auto finds")  # fmt: skip

@@ -7,9 +7,9 @@ delete are a 501 naming the macspec command that does the job. Errors are Ollama
 A stream is one object per piece of the answer (`message.content`, `message.thinking`,
 `message.tool_calls`; `response` and `thinking` for generate), then a last object with
 `done: true`, `done_reason` ('stop' or 'length') and the metrics in nanoseconds:
-`total_duration` (from the request to the end; a model the pool
-loads first counts here), `load_duration` (the wait for the engine), `prompt_eval_count` and
-`prompt_eval_duration` (the prompt and its prefill), `eval_count` and `eval_duration` (the answer).
+`total_duration` (from the request to the end), `load_duration` (the
+wait for the model: the pool's load of it, if it had to, and the queue), `prompt_eval_count`
+and `prompt_eval_duration` (the prompt and its prefill), `eval_count` and `eval_duration`.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class OllamaRenderer:
         self.prompt = prepared.prompt
         self.answer: AnswerStream = prepared.answer_stream()
         self.started = started
+        self.load_s = 0.0
+        """The wait for the model to load (the pool's first request for it), else 0."""
         self.meta = meta
         self.context = context
         """Whether generate's last object carries `context` (the prompt and answer ids)."""
@@ -131,7 +133,7 @@ class OllamaRenderer:
             "done": True,
             "done_reason": done_reason(done),
             "total_duration": elapsed_ns(self.started),
-            "load_duration": nanoseconds(queued_s),
+            "load_duration": nanoseconds(self.load_s + queued_s),
             "prompt_eval_count": len(self.prompt),
             "prompt_eval_duration": nanoseconds(stats.prefill_s),
             "eval_count": len(done.tokens),
@@ -211,6 +213,7 @@ def add_routes(app: FastAPI, models: Served, authorized) -> None:
             log_line(request, 200, "nothing to generate: the model is loaded")
             return loaded(body.model, chat, body.unloads())
         async with models.lease(body.model, body.keep_alive) as backend:
+            load_s = time.perf_counter() - started  # the pool's load, if it had to
             served = described(backend)
             if body.think and not served.can_think:
                 raise APIError(400, f'"{body.model}" does not support thinking', "think")
@@ -220,6 +223,7 @@ def add_routes(app: FastAPI, models: Served, authorized) -> None:
             )
             raw = not chat and body.raw
             renderer = OllamaRenderer(body.model, chat, prepared, started, meta, not raw)
+            renderer.load_s = load_s
             return await answer(request, backend, prepared, body.streamed, renderer)
 
     @app.post("/api/chat", dependencies=guarded)
