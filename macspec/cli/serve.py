@@ -9,15 +9,10 @@ import typer
 
 from macspec.cli import options as opt
 from macspec.cli.app import app, fail
+from macspec.cli.serve_backend import backend_for, open_batched, served_names
 from macspec.cli.store_params import say_draft_choice, serve_defaults
-from macspec.models.catalog import ResolvedModels, resolve_models
+from macspec.models.catalog import resolve_models
 from macspec.models.hub import display_name
-
-NO_CHAT_ROUTES = (
-    "the model has no chat template: the chat routes (/v1/chat/completions, /v1/responses, "
-    "/v1/messages, /api/chat) refuse requests; /v1/completions and /api/generate work"
-)
-"""Serve's start-up warning for a base model (run's and chat's is NO_TEMPLATE)."""
 
 
 @app.command()
@@ -87,6 +82,31 @@ def serve(
     chat_template_args: opt.ChatTemplateArgs = None,
     disk_cache_gb: opt.DiskCacheGb = 10.0,
     disk_cache_dir: opt.DiskCacheDir = None,
+    keep_alive: Annotated[
+        str,
+        typer.Option(
+            "--keep-alive",
+            help="Without --model: how long a model stays loaded after its last request "
+            "(Ollama's keep_alive: '5m', '30s', 0, -1 for ever); a request's own wins.",
+        ),
+    ] = "5m",
+    max_loaded_models: Annotated[
+        int | None,
+        typer.Option(
+            "--max-loaded-models",
+            help="Without --model: most models loaded at once; the least recently used idle "
+            "one unloads first [default: as many as the memory budget holds].",
+        ),
+    ] = None,
+    memory_budget: Annotated[
+        float | None,
+        typer.Option(
+            "--memory-budget",
+            metavar="GB",
+            help="Without --model: memory the loaded models may take together (weights and a "
+            "full-context KV cache each) [default: what this Mac gives models].",
+        ),
+    ] = None,
     context: Annotated[
         int | None,
         typer.Option(
@@ -97,7 +117,12 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Serve the model over an OpenAI-compatible API, with speculative decoding.
+    """Serve models over an OpenAI-compatible API, with speculative decoding.
+
+    Without --model (or --pair): every model `macspec models` lists as runnable, each loaded
+    when a request first names it (with the draft --draft-model auto pairs it with) and
+    unloaded after --keep-alive, or to make room under --memory-budget and
+    --max-loaded-models, as Ollama does. With --model: that one model, loaded at start.
 
     Routes: /v1/chat/completions and /v1/completions (OpenAI), /v1/responses (OpenAI's
     Responses API, Codex CLI), /v1/messages and /v1/messages/count_tokens (Anthropic's
@@ -139,6 +164,20 @@ def serve(
     args = template_args(think, chat_template_args)
     disk = opt.disk_cache(disk_cache_gb, disk_cache_dir)
     defaults = Defaults(temp, top_p, top_k, min_p, max_tokens, args)
+    if model is None and pair is None:  # every model on this Mac, loaded on first request
+        from macspec.cli.ranks import launched
+        from macspec.cli.serve_pool import serve_pool
+
+        if launched():
+            fail("macspec serve across machines (mlx.launch) serves one --model (or --pair)")
+        if draft_model is not None or any_model:
+            fail("--draft-model and --any-model go with a --model; without one, every model "
+                 "on this Mac is served, each with the draft --draft-model auto finds")  # fmt: skip
+        listen = (host, port, api_key, max_queue, prompt_cache, False, max_batch or 8, context)
+        limits = (keep_alive, max_loaded_models, memory_budget)
+        draft_args = (num_draft_tokens, no_draft, draft, draft_tree)
+        serve_pool(ctx, draft_args, defaults, listen, disk, limits)
+        return
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
@@ -169,13 +208,11 @@ def serve_models(
     import signal
 
     from macspec.cli.gguf_notes import gguf_loading
-    from macspec.models.templates import has_chat_template
     from macspec.prefix.tier import attach_pair
-    from macspec.serve.backend import Backend
     from macspec.serve.ranks import Leader, follow
     from macspec.serve.server import bind, run_server
 
-    host, port, api_key, max_queue, prompt_cache, any_model, max_batch, context = listen
+    host, port, api_key, _, prompt_cache, _, max_batch, _ = listen
     serving = not where or where["group"].rank() == 0
     # The port first: a taken one is said at once, not after minutes of loading a big model.
     sock = bind(host, port) if serving else None
@@ -189,8 +226,6 @@ def serve_models(
         if sock is not None:
             sock.close()
         raise
-    if max_batch > 1 and not hasattr(loaded.engine, "admit"):
-        max_batch = 1  # open_batched said why, in one line
     engine = loaded.engine
     leader = None
     if where:
@@ -202,34 +237,16 @@ def serve_models(
             return None
         leader = Leader(engine)
         leader.idle()
-    for warning in loaded.warnings:
-        print(f"macspec: warning: {warning}", file=sys.stderr)
-    if not has_chat_template(loaded.tokenizer):  # said once here, not as a 400 per request
-        print(f"macspec: warning: {NO_CHAT_ROUTES}", file=sys.stderr)
-    model_id, aliases = served_names(resolved)
-    num_draft_tokens = draft_args[0]
-    k = num_draft_tokens or (resolved.pair.draft_policy if resolved.pair is not None else "auto")
-    backend = Backend(
-        engine,
-        loaded.tokenizer,
-        model_id,
-        context_length=context_window(context, loaded.context_length),
-        defaults=defaults,
-        aliases=aliases,
-        k=int(k) if str(k).isdigit() else k,
-        max_queue=max_queue,
-        prompt_cache_size=prompt_cache,
-        leader=leader,
-        any_model=any_model,
-        max_batch=max_batch,
-    )
+    backend = backend_for(resolved, loaded, draft_args[0], defaults, listen, leader)
+    max_batch = backend.max_batch
     drafter = engine.drafter.name if engine.drafter is not None else "none"
     spread = f", target sharded over {where['group'].size()} ranks" if where else ""
     spread += f", up to {max_batch} requests at once" if max_batch > 1 else ""
 
     def announce(url: str) -> None:
         print(
-            f"macspec: serving {model_id} (drafts: {drafter}{spread}) at {url}; Ctrl-C stops",
+            f"macspec: serving {backend.model_id} (drafts: {drafter}{spread}) at {url}; "
+            "Ctrl-C stops",
             file=sys.stderr,
             flush=True,
         )
@@ -242,59 +259,4 @@ def serve_models(
     return fatal
 
 
-def context_window(asked: int | None, model: int | None) -> int | None:
-    """--context-length, else the model's own window; past the model's, a warning."""
-    if asked is None:
-        return model
-    if model is not None and asked > model:
-        print(
-            f"macspec: warning: --context-length {asked} is beyond the model's {model} "
-            "positions; answers past them may lose coherence",
-            file=sys.stderr,
-        )
-    return asked
-
-
-def open_batched(resolved, draft_args: tuple, where: dict, max_batch: int):
-    """The pair, on an engine that batches requests when `max_batch` > 1 and the target's
-    caches allow it (else one request at a time, said in one line)."""
-    from macspec.models.pairs import open_pair
-
-    num_draft_tokens, no_draft, draft, draft_tree = draft_args
-    if max_batch > 1:
-        try:
-            return open_pair(
-                resolved, num_draft_tokens, no_draft, draft, batch=True, draft_tree=draft_tree
-            )
-        except ValueError as exc:
-            print(
-                f"macspec: warning: {resolved.target_name}: {exc}; serving one request at a "
-                "time (--max-batch 1)",
-                file=sys.stderr,
-            )
-    return open_pair(resolved, num_draft_tokens, no_draft, draft, **where, draft_tree=draft_tree)
-
-
-def served_names(resolved: ResolvedModels) -> tuple[str, tuple[str, ...]]:
-    """The model id the APIs list (a pair's name; a GGUF file's model name without its folder,
-    `.gguf` and split part's suffix, as Ollama lists it; else the name given) and the other names
-    a request may use (an Ollama store model's own name among them, with and without
-    `ollama:`); the Backend adds each one's `:latest` form."""
-    from macspec.models.stores import find
-    from macspec.models.stores.ollama import PREFIX, parse_name
-    from macspec.serve.model_names import gguf_name
-
-    target = resolved.target_name
-    if resolved.pair is not None:
-        model_id = resolved.pair.name
-    elif target.endswith(".gguf"):
-        model_id = gguf_name(target)
-    else:
-        model_id = target
-    names = {target, display_name(target), str(resolved.target)}
-    stored = find(target) if resolved.pair is None else None
-    if stored is not None and stored.store == "ollama":
-        parsed = parse_name(target.removeprefix(PREFIX))
-        short = parsed.short if parsed is not None else target.removeprefix(PREFIX)
-        names |= {short, PREFIX + short}
-    return model_id, tuple(sorted(names - {model_id}))
+__all__ = ["backend_for", "open_batched", "serve", "served_names"]

@@ -24,11 +24,11 @@ from starlette.concurrency import run_in_threadpool
 from macspec.engine.core.events import Done, Prefill, Token
 from macspec.models.answer_stream import AnswerStream, Call, Piece, Reasoning, Text
 from macspec.serve.anthropic_schema import CountRequest, MessagesRequest
-from macspec.serve.backend import Backend
 from macspec.serve.bodies import parse
 from macspec.serve.errors import APIError
 from macspec.serve.jobs import answer, log_line
 from macspec.serve.render import figures, finished, new_meta
+from macspec.serve.served import Served
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -241,26 +241,26 @@ def merged(pieces: list[Piece]) -> list[Piece]:
     return out
 
 
-def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
+def add_routes(app: FastAPI, models: Served, authorized) -> None:
     """POST /v1/messages and /v1/messages/count_tokens (any query, e.g. ?beta=true)."""
 
     @app.post("/v1/messages", dependencies=[Depends(authorized)])
     async def messages(request: Request):
         body = await parse(request, MessagesRequest)
-        backend.check_model(body.model)
-        prepared = await run_in_threadpool(backend.prepare_turn, body.to_generation_turn())
-        meta = new_meta(
-            "msg", backend.model_id, len(prepared.prompt), draft=backend.draft, k=backend.k
-        )
-        renderer = MessagesRenderer(
-            body.model, len(prepared.prompt), prepared.answer_stream(), meta
-        )
-        return await answer(request, backend, prepared, body.stream, renderer)
+        async with models.lease(body.model) as backend:
+            prepared = await run_in_threadpool(backend.prepare_turn, body.to_generation_turn())
+            meta = new_meta(
+                "msg", backend.model_id, len(prepared.prompt), draft=backend.draft, k=backend.k
+            )
+            renderer = MessagesRenderer(
+                body.model, len(prepared.prompt), prepared.answer_stream(), meta
+            )
+            return await answer(request, backend, prepared, body.stream, renderer)
 
     @app.post("/v1/messages/count_tokens", dependencies=[Depends(authorized)])
     async def count_tokens(request: Request) -> dict:
         body = await parse(request, CountRequest)
-        backend.check_model(body.model)
-        count = await run_in_threadpool(backend.count_tokens, body.to_turn())
+        async with models.lease(body.model) as backend:
+            count = await run_in_threadpool(backend.count_tokens, body.to_turn())
         log_line(request, 200, f"{count} tokens")
         return {"input_tokens": count}

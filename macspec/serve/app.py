@@ -27,19 +27,22 @@ from macspec.serve.errors import APIError, error_body
 from macspec.serve.jobs import answer, log_line
 from macspec.serve.render import Renderer, new_meta
 from macspec.serve.schema import ChatCompletionRequest, CompletionRequest
+from macspec.serve.served import OneModel, Served, model_card
 
 log = logging.getLogger("macspec.serve")
 
 
-def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
-    """The ASGI app serving `backend`; with `api_key`, /v1 routes need it, as a bearer token
-    or in the `x-api-key` header (Anthropic's clients send that)."""
+def make_app(served: Backend | Served, api_key: str | None = None) -> FastAPI:
+    """The ASGI app serving one backend, or a pool of models (`Served`); with `api_key`, /v1
+    routes need it, as a bearer token or in the `x-api-key` header (Anthropic's clients send
+    that)."""
+    models: Served = OneModel(served) if isinstance(served, Backend) else served
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        backend.worker.start()
+        models.start()
         yield
-        backend.worker.stop()
+        models.stop()
 
     app = FastAPI(title="macspec", docs_url=None, redoc_url=None, lifespan=lifespan)
 
@@ -95,9 +98,10 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
     # -- routes ----------------------------------------------------------------------------
     @app.get("/health")
     async def health(request: Request) -> dict:
-        worker = backend.worker
+        workers = models.workers()
         log_line(request, 200, "")
-        return {"status": "ok", "busy": worker.busy, "waiting": worker.waiting}
+        busy = any(w.busy for w in workers)
+        return {"status": "ok", "busy": busy, "waiting": sum(w.waiting for w in workers)}
 
     @app.head("/")
     @app.get("/")
@@ -107,38 +111,38 @@ def make_app(backend: Backend, api_key: str | None = None) -> FastAPI:
         return ollama.root_text()
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
-    async def models(request: Request) -> dict:
+    async def listed_models(request: Request) -> dict:
         log_line(request, 200, "")
-        return {"object": "list", "data": [model_card(backend)]}
+        return {"object": "list", "data": models.cards()}
 
     @app.get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
     async def model(request: Request, name: str) -> dict:
-        backend.check_model(name)
+        models.check(name)
         log_line(request, 200, "")
-        return model_card(backend)
+        return next((c for c in models.cards() if c["id"] == name), model_card(name))
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request):
         body = await parse(request, ChatCompletionRequest)
-        backend.check_model(body.model)
-        turn = body.to_turn()
-        prepared = await run_in_threadpool(backend.prepare_turn, turn)
-        renderer = Renderer(
-            meta(backend, "chatcmpl", prepared, body), True, prepared.answer_stream()
-        )
-        return await answer(request, backend, prepared, body.stream, renderer)
+        async with models.lease(body.model) as backend:
+            turn = body.to_turn()
+            prepared = await run_in_threadpool(backend.prepare_turn, turn)
+            renderer = Renderer(
+                meta(backend, "chatcmpl", prepared, body), True, prepared.answer_stream()
+            )
+            return await answer(request, backend, prepared, body.stream, renderer)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request):
         body = await parse(request, CompletionRequest)
-        backend.check_model(body.model)
-        prepared = await run_in_threadpool(backend.prepare_completion, body)
-        renderer = Renderer(meta(backend, "cmpl", prepared, body), False)
-        return await answer(request, backend, prepared, body.stream, renderer)
+        async with models.lease(body.model) as backend:
+            prepared = await run_in_threadpool(backend.prepare_completion, body)
+            renderer = Renderer(meta(backend, "cmpl", prepared, body), False)
+            return await answer(request, backend, prepared, body.stream, renderer)
 
-    responses.add_routes(app, backend, authorized)
-    anthropic.add_routes(app, backend, authorized)
-    ollama.add_routes(app, backend, authorized)
+    responses.add_routes(app, models, authorized)
+    anthropic.add_routes(app, models, authorized)
+    ollama.add_routes(app, models, authorized)
     return app
 
 
@@ -151,10 +155,6 @@ def meta(backend: Backend, prefix: str, prepared, body):
         draft=backend.draft,
         k=backend.k,
     )
-
-
-def model_card(backend: Backend) -> dict:
-    return {"id": backend.model_id, "object": "model", "created": 0, "owned_by": "macspec"}
 
 
 __all__ = ["error_body", "make_app"]

@@ -19,6 +19,12 @@ def gguf_name(path: str) -> str:
     return match["prefix"] if match is not None else Path(path).stem
 
 
+def served_id(name: str) -> str:
+    """The id /v1/models lists for a model given by `name`: a GGUF file's model name (no
+    folder, `.gguf` or split part's suffix, as Ollama lists it); else the name given."""
+    return gguf_name(name) if name.endswith(".gguf") else name
+
+
 def is_tagged(name: str) -> bool:
     return ":" in name.rsplit("/", 1)[-1]
 

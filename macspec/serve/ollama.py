@@ -7,9 +7,9 @@ delete are a 501 naming the macspec command that does the job. Errors are Ollama
 A stream is one object per piece of the answer (`message.content`, `message.thinking`,
 `message.tool_calls`; `response` and `thinking` for generate), then a last object with
 `done: true`, `done_reason` ('stop' or 'length') and the metrics in nanoseconds:
-`total_duration` (from the request to the end), `load_duration` (the wait for the engine: the
-model is loaded once, at start), `prompt_eval_count` and `prompt_eval_duration` (the prompt
-and its prefill), `eval_count` and `eval_duration` (the answer).
+`total_duration` (from the request to the end), `load_duration` (the
+wait for the model: the pool's load of it, if it had to, and the queue), `prompt_eval_count`
+and `prompt_eval_duration` (the prompt and its prefill), `eval_count` and `eval_duration`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from macspec.serve.bodies import parse
 from macspec.serve.errors import APIError
 from macspec.serve.jobs import answer, log_line
 from macspec.serve.notes import log_once
-from macspec.serve.ollama_models import ServedModel, elapsed_ns, nanoseconds, now
+from macspec.serve.ollama_models import ServedModel, described, elapsed_ns, nanoseconds, now
 from macspec.serve.ollama_schema import ChatRequest, GenerateRequest
 from macspec.serve.render import Meta, figures, finished, new_meta
+from macspec.serve.served import Served
 
 VERSION = "0.33.0"
 """The Ollama version whose API this mirrors (clients gate features on it)."""
@@ -84,6 +85,8 @@ class OllamaRenderer:
         self.prompt = prepared.prompt
         self.answer: AnswerStream = prepared.answer_stream()
         self.started = started
+        self.load_s = 0.0
+        """The wait for the model to load (the pool's first request for it), else 0."""
         self.meta = meta
         self.context = context
         """Whether generate's last object carries `context` (the prompt and answer ids)."""
@@ -130,7 +133,7 @@ class OllamaRenderer:
             "done": True,
             "done_reason": done_reason(done),
             "total_duration": elapsed_ns(self.started),
-            "load_duration": nanoseconds(queued_s),
+            "load_duration": nanoseconds(self.load_s + queued_s),
             "prompt_eval_count": len(self.prompt),
             "prompt_eval_duration": nanoseconds(stats.prefill_s),
             "eval_count": len(done.tokens),
@@ -186,33 +189,48 @@ def loaded(model: str, chat: bool, request_unloads: bool) -> dict[str, Any]:
     return {**out, "done": True, "done_reason": "unload" if request_unloads else "load"}
 
 
-def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
+def add_routes(app: FastAPI, models: Served, authorized) -> None:
     """Ollama's /api routes (and GET and HEAD /: 'Ollama is running')."""
-    served = ServedModel(backend)
     guarded = [Depends(authorized)]
+
+    def check(name: str) -> None:
+        """Ollama's 404 for a model this server does not serve."""
+        try:
+            models.check(name)
+        except APIError:
+            raise APIError(404, f"model '{name}' not found", "model") from None
 
     async def generation(request: Request, body, chat: bool, prepare) -> Any:
         started = time.perf_counter()
-        served.check(body.model)
+        check(body.model)
         empty = not body.messages if chat else not (body.prompt or body.suffix)
-        if empty:
+        if empty:  # Ollama's way to load a model, or (keep_alive 0) to unload it
+            if body.unloads():
+                models.unload(body.model)
+            else:
+                async with models.lease(body.model, body.keep_alive):
+                    pass
             log_line(request, 200, "nothing to generate: the model is loaded")
             return loaded(body.model, chat, body.unloads())
-        if body.think and not served.can_think:
-            raise APIError(400, f'"{body.model}" does not support thinking', "think")
-        prepared = await run_in_threadpool(prepare)
-        meta = new_meta(
-            "ollama", backend.model_id, len(prepared.prompt), draft=backend.draft, k=backend.k
-        )
-        raw = not chat and body.raw
-        renderer = OllamaRenderer(body.model, chat, prepared, started, meta, not raw)
-        return await answer(request, backend, prepared, body.streamed, renderer)
+        async with models.lease(body.model, body.keep_alive) as backend:
+            load_s = time.perf_counter() - started  # the pool's load, if it had to
+            served = described(backend)
+            if body.think and not served.can_think:
+                raise APIError(400, f'"{body.model}" does not support thinking', "think")
+            prepared = await run_in_threadpool(prepare, backend, served)
+            meta = new_meta(
+                "ollama", backend.model_id, len(prepared.prompt), draft=backend.draft, k=backend.k
+            )
+            raw = not chat and body.raw
+            renderer = OllamaRenderer(body.model, chat, prepared, started, meta, not raw)
+            renderer.load_s = load_s
+            return await answer(request, backend, prepared, body.streamed, renderer)
 
     @app.post("/api/chat", dependencies=guarded)
     async def chat(request: Request):
         body = await parse(request, ChatRequest)
 
-        def prepare() -> Prepared:
+        def prepare(backend: Backend, served: ServedModel) -> Prepared:
             if not has_chat_template(backend.tokenizer):  # Ollama's own route for plain text
                 raise APIError(
                     400, "this model has no chat template: use /api/generate", "messages"
@@ -225,7 +243,7 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
     async def generate(request: Request):
         body = await parse(request, GenerateRequest)
 
-        def prepare() -> Prepared:
+        def prepare(backend: Backend, served: ServedModel) -> Prepared:
             turn = body.to_turn()
             if body.suffix:  # the model's own fill-in-the-middle format, not its chat template
                 return backend.prepare_text(served.insert_prompt(body.prompt, body.suffix), turn)
@@ -241,12 +259,12 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
     @app.head("/api/tags", dependencies=guarded)
     async def tags(request: Request) -> dict:
         log_line(request, 200, "")
-        return {"models": [served.listing()]}
+        return {"models": models.tags()}
 
     @app.get("/api/ps", dependencies=guarded)
     async def ps(request: Request) -> dict:
         log_line(request, 200, "")
-        return {"models": [served.running()]}
+        return {"models": models.running()}
 
     @app.post("/api/show", dependencies=guarded)
     async def show(request: Request) -> dict:
@@ -259,9 +277,9 @@ def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
         name = str(data.get("model") or data.get("name") or "")
         if not name:
             raise APIError(400, "model is required", "model")
-        served.check(name)
+        check(name)
         log_line(request, 200, "")
-        return await run_in_threadpool(served.show)
+        return await run_in_threadpool(models.show, name)
 
     @app.get("/api/version")
     @app.head("/api/version")

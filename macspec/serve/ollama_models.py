@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.folder import gguf_source
@@ -38,6 +39,17 @@ FOREVER = "2318-08-20T00:00:00Z"
 def now() -> str:
     """Ollama's `created_at`: RFC 3339 in UTC."""
     return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+_DESCRIBED: WeakKeyDictionary[Backend, ServedModel] = WeakKeyDictionary()
+
+
+def described(backend: Backend) -> ServedModel:
+    """The backend's description, computed once while it is loaded."""
+    found = _DESCRIBED.get(backend)
+    if found is None:
+        found = _DESCRIBED[backend] = ServedModel(backend)
+    return found
 
 
 class ServedModel:

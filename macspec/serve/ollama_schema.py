@@ -84,7 +84,8 @@ class Request(BaseModel):
     """Streamed as newline-delimited JSON unless false."""
     format: Any = None
     keep_alive: str | int | float | None = None
-    """Accepted; the served model stays loaded while the server runs."""
+    """How long the model stays loaded after this request ('5m', 0: unloaded once answered,
+    -1: kept); `macspec serve --model M` keeps its one model loaded whatever it says."""
     options: dict[str, Any] | None = None
     think: bool | str | None = None
     truncate: bool | None = None
@@ -97,7 +98,7 @@ class Request(BaseModel):
         return self.stream is not False
 
     def unloads(self) -> bool:
-        """keep_alive 0: Ollama unloads the model (here: says it did, and keeps serving)."""
+        """keep_alive 0: Ollama unloads the model (the pool does; one --model stays)."""
         return self.keep_alive in (0, "0", "0s", "0m")
 
     def settings(self) -> dict[str, Any]:

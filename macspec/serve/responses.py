@@ -29,6 +29,7 @@ from macspec.serve.errors import APIError, error_body
 from macspec.serve.jobs import answer
 from macspec.serve.render import figures, new_meta
 from macspec.serve.responses_schema import ResponsesRequest, namespaces
+from macspec.serve.served import Served
 
 KEPT_RESPONSES = 32
 """Responses kept in memory for `previous_response_id`."""
@@ -343,14 +344,17 @@ def output_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return input_messages(items)
 
 
-def add_routes(app: FastAPI, backend: Backend, authorized) -> None:
+def add_routes(app: FastAPI, models: Served, authorized) -> None:
     """POST /v1/responses."""
     kept = Kept()
 
     @app.post("/v1/responses", dependencies=[Depends(authorized)])
     async def responses(request: Request):
         body = await parse(request, ResponsesRequest)
-        backend.check_model(body.model)
+        async with models.lease(body.model) as backend:
+            return await respond(request, body, backend)
+
+    async def respond(request: Request, body: ResponsesRequest, backend: Backend):
         history = kept.get(body.previous_response_id) if body.previous_response_id else []
         turn = body.to_turn(history)
         prepared = await run_in_threadpool(backend.prepare_turn, turn)

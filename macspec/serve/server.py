@@ -17,6 +17,7 @@ import uvicorn
 from macspec.errors import MacspecError
 from macspec.serve.app import make_app
 from macspec.serve.backend import Backend
+from macspec.serve.served import OneModel, Served
 
 DRAIN_S = 60
 """On Ctrl-C or SIGTERM: how long requests in flight (and queued) may take to finish."""
@@ -64,16 +65,16 @@ class DrainingServer(uvicorn.Server):
     accepting and lets the answers in flight finish; the second cancels them, so each ends at
     once as 'cancelled' and the shutdown completes cleanly; only a third forces uvicorn out."""
 
-    def __init__(self, config: uvicorn.Config, backend: Backend):
+    def __init__(self, config: uvicorn.Config, models: Served):
         super().__init__(config)
-        self.backend = backend
+        self.models = models
         self.signals = 0
 
     def handle_exit(self, sig: int, frame) -> None:
         self.signals += 1
-        worker = self.backend.worker
+        workers = self.models.workers()
         if self.signals == 1:
-            busy = worker.generating + worker.waiting
+            busy = sum(worker.generating + worker.waiting for worker in workers)
             if busy:
                 answers = "answer" if busy == 1 else "answers"
                 limit = self.config.timeout_graceful_shutdown
@@ -83,21 +84,24 @@ class DrainingServer(uvicorn.Server):
         elif self.signals == 2:
             print("macspec: stopping now: cutting short the answers in flight", file=sys.stderr,
                   flush=True)  # fmt: skip
-            worker.cancel_all()
+            for worker in workers:
+                worker.cancel_all()
             self._captured_signals.append(sig)
             return
         super().handle_exit(sig, frame)
 
 
-def make_server(backend: Backend, api_key: str | None, drain_s: float = DRAIN_S):
+def make_server(served: Backend | Served, api_key: str | None, drain_s: float = DRAIN_S):
+    """uvicorn's server over the app serving one backend, or a pool of models."""
+    models = OneModel(served) if isinstance(served, Backend) else served
     config = uvicorn.Config(
-        make_app(backend, api_key),
+        make_app(models, api_key),
         log_config=None,  # our own one line per request instead of uvicorn's access log
         access_log=False,
         timeout_graceful_shutdown=drain_s,
         lifespan="on",
     )
-    return DrainingServer(config, backend)
+    return DrainingServer(config, models)
 
 
 def setup_logging() -> None:
@@ -121,16 +125,17 @@ def _stopped(_signum, _frame) -> None:
 
 
 def run_server(
-    backend: Backend, sock: socket.socket, host: str, api_key: str | None, announce=print
+    served: Backend | Served, sock: socket.socket, host: str, api_key: str | None, announce=print
 ) -> None:
     """Serve on `sock` (bound by `bind` before the model loaded, so a taken port is known
     at once) until Ctrl-C or SIGTERM, then drain: uvicorn stops accepting connections and
     waits for the requests in flight (and queued) to finish, up to DRAIN_S."""
     setup_logging()
-    server = make_server(backend, api_key)
-    # A worker that can no longer generate (a lost rank) stops the server as Ctrl-C would,
-    # without a signal: a second one (mlx.launch's SIGTERM) would not then force the exit.
-    backend.worker.on_fatal = lambda _exc: setattr(server, "should_exit", True)
+    server = make_server(served, api_key)
+    if isinstance(served, Backend):
+        # A worker that can no longer generate (a lost rank) stops the server as Ctrl-C would,
+        # without a signal: a second one (mlx.launch's SIGTERM) would not then force the exit.
+        served.worker.on_fatal = lambda _exc: setattr(server, "should_exit", True)
     shown = f"[{host}]" if ":" in host else host
     announce(f"http://{shown}:{sock.getsockname()[1]}/v1")
     # uvicorn re-raises the signal that stopped it once it has drained: end quietly then.
@@ -147,7 +152,9 @@ def run_server(
 class ServerThread:
     """The server on a free localhost port in a background thread (tests, scripts)."""
 
-    def __init__(self, backend: Backend, api_key: str | None = None, host: str = "127.0.0.1"):
+    def __init__(
+        self, backend: Backend | Served, api_key: str | None = None, host: str = "127.0.0.1"
+    ):
         self.backend = backend
         self.sock = bind(host, 0)
         self.port = self.sock.getsockname()[1]
