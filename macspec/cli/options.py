@@ -44,12 +44,13 @@ GgufLayout = Annotated[
 ]
 
 
-def gguf_layout(flag: str | None, resolved: ResolvedModels) -> None:
+def gguf_layout(flag: str | None, resolved: ResolvedModels | None) -> None:
     """The layout the GGUF loads to come take: the flag, else the catalog pair's, else compact;
     a bad name is one line (resolving names loads no weights: still before any is read)."""
     from macspec.models.gguf.layout import set_default_layout
 
-    pair_layout = resolved.pair.gguf_layout if resolved.pair is not None else None
+    pair = resolved.pair if resolved is not None else None
+    pair_layout = pair.gguf_layout if pair is not None else None
     set_default_layout(flag or pair_layout or "compact")
 
 

@@ -82,6 +82,7 @@ def serve(
     chat_template_args: opt.ChatTemplateArgs = None,
     disk_cache_gb: opt.DiskCacheGb = 10.0,
     disk_cache_dir: opt.DiskCacheDir = None,
+    gguf_layout: opt.GgufLayout = None,
     keep_alive: Annotated[
         str,
         typer.Option(
@@ -175,12 +176,14 @@ def serve(
                  "on this Mac is served, each with the draft --draft-model auto finds")  # fmt: skip
         listen = (host, port, api_key, max_queue, prompt_cache, False, max_batch or 8, context)
         limits = (keep_alive, max_loaded_models, memory_budget)
+        opt.gguf_layout(gguf_layout, None)  # every GGUF the pool loads
         draft_args = (num_draft_tokens, no_draft, draft, draft_tree)
         serve_pool(ctx, draft_args, defaults, listen, disk, limits)
         return
     resolved = resolve_models(
         pair, model, draft_model, need_draft=needs_draft_model(draft, no_draft)
     )
+    opt.gguf_layout(gguf_layout, resolved)
     defaults = serve_defaults(defaults, resolved, ctx)  # an Ollama model's params, unless flagged
     say_draft_choice(resolved)
     # Under mlx.launch the target is sharded over every rank: rank 0 serves, the others follow.
