@@ -72,7 +72,14 @@ def test_every_row_is_the_target_alone_greedy(tok, kind, source):
 
 
 @pytest.mark.parametrize(
-    "kind,source", [("llama", "model"), ("gemma3_text", "model"), ("mamba2", "lookup")]
+    "kind,source",
+    [
+        ("llama", "model"),
+        ("gemma3_text", "model"),
+        ("mamba2", "lookup"),
+        ("mamba2", "model"),
+        ("lfm2", "model"),
+    ],
 )
 def test_a_one_id_prompt_joins_a_batch_as_itself_alone(tok, kind, source):
     """A prompt of one id (a single space) prefills nothing: its row joins the rows' caches
@@ -85,6 +92,22 @@ def test_a_one_id_prompt_joins_a_batch_as_itself_alone(tok, kind, source):
     engine = BatchEngine(target, tok, drafting(source, draft), lambda d: FixedPolicy(3))
     rows = run_all(engine, prompts, [GenerationConfig(max_tokens=8)] * 3)
     assert [row.done.tokens for row in rows] == wants
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "lfm2"])
+@pytest.mark.parametrize("length", [1, 2])
+def test_a_short_prompt_alone_rejects_back_to_its_first_state(tok, kind, length):
+    """A recurrent row of one id, first in the batch or alone, holds no state yet (None) when
+    its first guesses are rejected: it returns to zeros, as the model starts a state, not keeps
+    what the pass fed it. Two ids: the prompt's first id made the state."""
+    target, draft = models(kind)
+    short = tok.encode(PROMPTS[1])[:length]
+    for prompts in ([short], [short, tok.encode(PROMPTS[0])]):
+        wants = [reference(target, p, 8) for p in prompts]
+        engine = BatchEngine(target, tok, drafting("model", draft), lambda d: FixedPolicy(3))
+        rows = run_all(engine, prompts, [GenerationConfig(max_tokens=8)] * len(prompts))
+        assert [row.done.tokens for row in rows] == wants, f"{kind} {len(prompts)} rows"
+        assert rows[0].done.stats.refed_tokens > 0  # a guess was rejected: the state returned
 
 
 def seeded_alone(tok, target, prompts, max_tokens: int, first_seed: int):

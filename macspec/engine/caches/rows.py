@@ -250,14 +250,19 @@ class RowsArraysCache(ArraysCache):
         self.lengths = self.left_padding = None  # the model's advance() moved them
 
     def restore_rows(self, before: list, rows: list[bool]) -> None:
-        """Rows marked True return to their state `before` the pass."""
+        """Rows marked True return to their state `before` the pass. A state that did not
+        exist before it (None: every row joined with nothing fed, one-id prompts) was zeros
+        for every row, as the model starts one: marked rows return to zeros, not keep what
+        the pass fed them."""
         if not any(rows):
             return
         marked = mx.array(rows)
         self.cache = [
             a
-            if b is None or a is None
-            else mx.where(marked.reshape((-1,) + (1,) * (a.ndim - 1)), b, a)
+            if a is None
+            else mx.where(
+                marked.reshape((-1,) + (1,) * (a.ndim - 1)), mx.zeros_like(a) if b is None else b, a
+            )
             for a, b in zip(self.cache, before)
         ]
 
