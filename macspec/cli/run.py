@@ -40,14 +40,15 @@ def read_prompt(prompt: str) -> str:
     """The prompt argument, or stdin for '-' (its trailing newlines dropped, as a shell's
     `$(...)` does: `echo` adds one the user did not type); bytes that are not text are one
     line."""
-    text = read_stdin().rstrip("\r\n") if prompt == "-" else prompt
+    given = read_stdin() if prompt == "-" else prompt
+    text = given.rstrip("\r\n") if prompt == "-" else given
     if "\x00" in text:
         fail("the prompt holds binary data (NUL bytes); give text")
     if is_empty_prompt(text):  # whitespace is content (a raw continuation); nothing is not
-        fail(
-            EMPTY_PROMPT
-            + (" (stdin gave nothing before its final line ends)" if prompt == "-" else "")
-        )
+        why = ""
+        if prompt == "-":
+            why = " (stdin gave no text)" if not given else " (stdin gave only line ends)"
+        fail(EMPTY_PROMPT + why)
     return text
 
 
