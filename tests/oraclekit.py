@@ -41,6 +41,9 @@ class TinyArch:
     """Written as Ollama's convert_gemma3.go writes Gemma 3 4B-27B: the vision tower's `v.` and
     `mm.` tensors and `gemma3.vision.*` keys in the same file, no rms epsilon or rope bases
     (Ollama's engine defaults them: 1e-6, 1e6 global, 1e4 local)."""
+    mxfp4_experts: bool = False
+    """The stacked experts' weights in MXFP4, as GptOssModel.repack_mxfp4 writes a published
+    gpt-oss checkpoint's (ggml's blocks: an E8M0 exponent, 32 E2M1 codes); the rest F32."""
 
 
 _BASE = dict(
@@ -125,9 +128,10 @@ ARCHS["gpt-oss"] = TinyArch(  # gpt-oss-20b's shape, float experts (a bf16 check
     ),
 )
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
+ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
 gemma3's text model with Ollama's vision tower beside it (llama.cpp refuses the file: its
-answer is gemma3's)."""
+answer is gemma3's); gpt-oss-mxfp4 is gpt-oss with the published files' MXFP4 experts."""
 
 
 def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> None:
@@ -219,6 +223,10 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     names = gguf.get_tensor_name_map(kind, config["num_hidden_layers"])
     for hf_name, array in converted(config, arch, seed):
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if spec.mxfp4_experts and gguf_name.endswith("_exps.weight"):
+            mxfp4 = gguf.GGMLQuantizationType.MXFP4
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, mxfp4), raw_dtype=mxfp4)
+            continue
         writer.add_tensor(gguf_name, array, raw_dtype=gguf.GGMLQuantizationType.F32)
     if spec.ollama_vision:
         for gguf_name, array in ollama_vision_tensors(seed, config["hidden_size"]):
@@ -264,13 +272,9 @@ class Step:
     logits: np.ndarray
 
 
-def macspec_steps(path: Path, home: Path, prompt_ids: list[list[int]], steps: int) -> list:
-    """macspec's greedy steps on each prompt, the file loaded as `--model FILE.gguf` loads it
-    (a derived folder under `home`), one id fed at a time after the prompt, as llama.cpp does."""
+def macspec_model(path: Path, home: Path):
+    """The file loaded as `--model FILE.gguf` loads it (a derived folder under `home`)."""
     import os
-
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
     from macspec.models import hub
     from macspec.models.loader import load_model
@@ -284,6 +288,15 @@ def macspec_steps(path: Path, home: Path, prompt_ids: list[list[int]], steps: in
             os.environ.pop("MACSPEC_HOME")
         else:
             os.environ["MACSPEC_HOME"] = previous
+    return model
+
+
+def greedy_steps(model, prompt_ids: list[list[int]], steps: int) -> list:
+    """The model's greedy steps on each prompt, one id fed at a time after the prompt, as
+    llama.cpp does."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
     answers = []
     for prompt in prompt_ids:
         cache, fed, answer = make_prompt_cache(model), prompt, []
@@ -294,3 +307,8 @@ def macspec_steps(path: Path, home: Path, prompt_ids: list[list[int]], steps: in
             fed = [chosen]
         answers.append(answer)
     return answers
+
+
+def macspec_steps(path: Path, home: Path, prompt_ids: list[list[int]], steps: int) -> list:
+    """macspec's greedy steps on each prompt, the file loaded as `--model FILE.gguf` loads it."""
+    return greedy_steps(macspec_model(path, home), prompt_ids, steps)

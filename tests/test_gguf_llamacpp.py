@@ -11,10 +11,20 @@ import numpy as np
 import pytest
 from oraclekit import fixture, macspec_steps, rebuilt
 
-SUPPORTED = ["llama", "mistral3", "qwen2", "qwen3", "gemma3", "gemma3-ollama", "qwen3moe", "phi3"]
+SUPPORTED = [
+    "llama",
+    "mistral3",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "gemma3-ollama",
+    "qwen3moe",
+    "phi3",
+    "gpt-oss",
+]
 """The tiny files macspec reads (gemma3-ollama: Ollama's file with its vision tower, which
 llama.cpp refuses; its answer was recorded on the same text model as llama.cpp's converter
-writes it). Those it refuses (gpt-oss) have their own test file, which asserts the refusal;
+writes it). An architecture it refuses gets its own test file, which asserts the refusal;
 supporting one moves its name here."""
 LOGIT_TOLERANCE = 2e-3
 """Both sides compute in float32 (F32 weights, llama.cpp's KV cache float32 too) but add in

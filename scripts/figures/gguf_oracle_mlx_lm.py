@@ -2,7 +2,7 @@
 recorded answer (tests/fixtures/llamacpp): ids equal and the largest logit difference, for the
 architectures macspec does not read yet (docs/models.md, note 3 of the llama.cpp table).
 
-    python scripts/figures/gguf_oracle_mlx_lm.py qwen3moe phi3 gpt-oss
+    python scripts/figures/gguf_oracle_mlx_lm.py qwen3moe phi3
 """
 
 from __future__ import annotations
@@ -36,17 +36,6 @@ EXTRA = {  # per architecture: mlx-lm's model_type and config, and the names bey
     "phi3": (
         {"model_type": "phi3"},
         {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
-    ),
-    "gpt-oss": (
-        {"model_type": "gpt_oss", "layer_types": ["sliding_attention", "full_attention"]},
-        {
-            "attn_sinks": "self_attn.sinks",
-            "post_attention_norm": "post_attention_layernorm",
-            "ffn_gate_inp": "mlp.router",
-            "ffn_gate_exps": "mlp.experts.gate_proj",
-            "ffn_up_exps": "mlp.experts.up_proj",
-            "ffn_down_exps": "mlp.experts.down_proj",
-        },
     ),
 }
 TOP = {**NAMES, "output": "lm_head"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+from gguf import GGMLQuantizationType
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs import ARCHITECTURES, architecture_of
@@ -36,7 +37,8 @@ def build_config(header: GGUFHeader) -> dict[str, Any]:
 def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, Any]:
     """mlx-lm's `quantization` entry: each quantized module's bits and group size (embeddings
     and layers may differ; a converter may choose either), told by the converted arrays'
-    widths against the tensor's own."""
+    widths against the tensor's own (MXFP4's mode too: mlx-lm passes each module's entry to its
+    `to_quantized`, gpt_oss's stacked experts' included)."""
     arch = architecture_of(header)
     per_module: dict[str, Any] = {}
     for name, tensor in header.tensors.items():
@@ -50,6 +52,8 @@ def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, 
             "group_size": width // scales.shape[-1],
             "bits": weights[name].shape[-1] * 32 // width,  # uint32 words hold 32 bits each
         }
+        if tensor.qtype == GGMLQuantizationType.MXFP4:  # kquants keeps it MLX's own mxfp4
+            per_module[module]["mode"] = "mxfp4"
     if not per_module:
         return {}
     first = next(iter(per_module.values()))

@@ -70,6 +70,8 @@ class Architecture:
     """mlx-lm's model class (config.json's `model_type`)."""
     layer_names: Mapping[str, str] = LAYER_NAMES
     default_rope_base = 10_000.0
+    own_rope_scalings: tuple[str, ...] = ()
+    """`rope.scaling.type` values `extra_config` reads itself (the base reads linear only)."""
 
     def config(self, header: GGUFHeader) -> dict[str, Any]:
         """config.json for mlx-lm's class: the keys every decoder has, then `extra_config`'s."""
@@ -95,7 +97,7 @@ class Architecture:
         scaling = key.get("rope.scaling.type")
         if scaling == "linear":
             config["rope_scaling"] = {"type": "linear", "factor": float(key("rope.scaling.factor"))}
-        elif scaling not in (None, "none"):
+        elif scaling not in (None, "none", *self.own_rope_scalings):
             raise MacspecError(f"{header.path}: rope scaling '{scaling}' is not supported yet")
         config.update(self.extra_config(header, key, config))
         return config
