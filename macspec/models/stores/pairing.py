@@ -41,8 +41,8 @@ class LocalPair:
 
 def _key(model: LocalModel) -> tuple[str, str] | None:
     about = model.about
-    if about is None or about.tokenizer is None:
-        return None
+    if about is None or about.tokenizer is None or model.error is not None:
+        return None  # unreadable, or an architecture macspec does not run: never a draft
     return about.format, about.tokenizer
 
 
