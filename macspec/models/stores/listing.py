@@ -169,5 +169,6 @@ def describe_path(path: Path) -> Description:
         manifest = Path(entry["manifest"])
         data = ollama.read_manifest(manifest, str(manifest))
         root = manifest.parents[4]  # manifests/<host>/<namespace>/<model>/<tag>
-        return ollama_mlx.describe_tensor_manifest(data, root, str(manifest), None)
+        file_type = _ollama_file_type(data, root)
+        return ollama_mlx.describe_tensor_manifest(data, root, str(manifest), file_type)
     return describe_mlx(path) if path.is_dir() else describe_gguf(path)

@@ -23,7 +23,7 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models.home import macspec_home, write_folder_whole
 from macspec.models.stores.describe import Description, tokenizer_files_digest
-from macspec.models.stores.ollama import MODEL, TENSOR, blob_path, layers_of
+from macspec.models.stores.ollama import MODEL, TENSOR, blob_path, layers_of, read_manifest
 
 JSON_LAYER = "application/vnd.ollama.image.json"
 ENTRY = "ollama_mlx"
@@ -102,6 +102,13 @@ def json_blobs(data: dict[str, Any], root: Path, given: str) -> dict[str, Path]:
         if needed not in blobs:
             raise MacspecError(f"{given}: its manifest has no {needed} layer")
     return blobs
+
+
+def manifest_json_blobs(manifest: Path) -> dict[str, Path]:
+    """The JSON layers of the manifest file `manifest`, from the store it lies in."""
+    data = read_manifest(manifest, str(manifest))
+    root = manifest.parents[4]  # manifests/<host>/<namespace>/<model>/<tag>
+    return json_blobs(data, root, str(manifest))
 
 
 def read_config(blobs: dict[str, Path], given: str) -> dict[str, Any]:
