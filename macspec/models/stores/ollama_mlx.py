@@ -23,7 +23,17 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models.home import macspec_home, write_folder_whole
 from macspec.models.stores.describe import Description, tokenizer_files_digest
-from macspec.models.stores.ollama import MODEL, TENSOR, blob_path, layers_of, read_manifest
+from macspec.models.stores.ollama import (
+    MODEL,
+    PREFIX,
+    TENSOR,
+    blob_path,
+    find_manifest,
+    layers_of,
+    parse_name,
+    read_manifest,
+    store_root,
+)
 
 JSON_LAYER = "application/vnd.ollama.image.json"
 ENTRY = "ollama_mlx"
@@ -194,12 +204,32 @@ def manifest_key(manifest: Path) -> str:
     return hashlib.sha256(f"{FORMAT}\0".encode() + data).hexdigest()[:32]
 
 
+def folder_of(manifest: Path) -> Path:
+    """Where the folder derived from `manifest` lies, derived yet or not."""
+    return macspec_home() / "ollama" / f"{manifest.parent.name[:40]}-{manifest_key(manifest)}"
+
+
+def named_folder(name: str) -> Path | None:
+    """The folder of the MLX model `[ollama:]NAME[:TAG]` names in Ollama's store, derived yet
+    or not (nothing is written); None for any other name."""
+    parsed = parse_name(name.removeprefix(PREFIX))
+    root = store_root()
+    manifest = find_manifest(parsed, root) if parsed is not None and root.is_dir() else None
+    if manifest is None:
+        return None
+    try:
+        data = read_manifest(manifest, name)
+    except MacspecError:
+        return None
+    return folder_of(manifest) if is_tensor_manifest(data) else None
+
+
 def tensor_folder(data: dict[str, Any], manifest: Path, root: Path, given: str) -> Path:
     """The model folder mlx-lm loads for a tensor-layer manifest (derived on first use); one
     line for a manifest whose blobs are missing or cut, or whose architecture mlx-lm lacks."""
     tensors = tensor_blobs(data, root, given)
     jsons = json_blobs(data, root, given)
-    folder = macspec_home() / "ollama" / f"{manifest.parent.name[:40]}-{manifest_key(manifest)}"
+    folder = folder_of(manifest)
     if (folder / "config.json").is_file():
         return folder
     config = read_config(jsons, given)
