@@ -73,10 +73,19 @@ def test_draft_model_auto_never_takes_it(store):
         resolve_models(None, "big:8b", "auto")
 
 
-def test_run_says_the_same_words(capsys, store):
-    assert main(["run", "--model", "mamba:1b", "--max-tokens", "1", "hi"]) == 2
+@pytest.mark.parametrize("draft", [[], ["--draft-model", "auto"]])
+def test_run_says_the_same_words(capsys, store, draft):
+    assert main(["run", "--model", "mamba:1b", *draft, "--max-tokens", "1", "hi"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.endswith(why("mamba")) and len(err.splitlines()) == 1
+
+
+@pytest.mark.usefixtures("gguf_as_files")
+def test_draft_model_auto_for_it_says_why_it_cannot_run(store):
+    """Not that no draft shares its tokenizer: the reason it cannot run at all."""
+    with pytest.raises(MacspecError) as error:
+        resolve_models(None, "mamba:1b", "auto")
+    assert str(error.value) == f"mamba:1b: {why('mamba')}"
 
 
 def test_the_pool_does_not_serve_it(store):
