@@ -1,5 +1,5 @@
-"""`macspec cache`: what the prompt cache on disk holds, per model, and the GGUF files converted
-for MLX; `cache clear` frees them."""
+"""`macspec cache`: what the prompt cache on disk holds, per model, the GGUF files converted
+for MLX and the folders derived from Ollama MLX models; `cache clear` frees them."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from macspec.cli.app import app, fail
 from macspec.text import byte_size
 
 cache_app = typer.Typer(
-    help="The prompt cache on disk (its size per model) and converted GGUF files; `cache clear` "
-    "frees them.",
+    help="The prompt cache on disk (its size per model), converted GGUF files and Ollama MLX "
+    "models' folders; `cache clear` frees them.",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -37,7 +37,8 @@ def cache(
 ) -> None:
     """Show the prompt cache on disk (shared by run, chat and serve): its size per model, its
     blocks (the attention rows of 256 ids each), recurrent states and drafter inputs; and the
-    GGUF files converted for MLX (in the macspec home), with the file each came from."""
+    GGUF files converted for MLX and the folders derived from Ollama MLX models (config and
+    tokenizer; in the macspec home), with the file or manifest each came from."""
     if ctx.invoked_subcommand is not None:
         return
     from macspec.models.gguf.entries import derived_folders
@@ -59,7 +60,8 @@ def cache(
                 }
                 for m in models
             ],
-            "gguf": _gguf_json(derived),
+            "gguf": _derived_json(derived, "gguf"),
+            "ollama_mlx": _derived_json(derived, "ollama-mlx"),
         }
         typer.echo(json.dumps(record, indent=2))
         return
@@ -67,7 +69,7 @@ def cache(
         typer.echo(f"the prompt cache is empty ({store.root})")
     else:
         _show_prompt_cache(store, models)
-    _show_gguf(derived)
+    _show_derived(derived)
 
 
 def _when(stamp: float | None) -> str:
@@ -104,11 +106,12 @@ def _show_prompt_cache(store, models) -> None:
     typer.echo(f"total {byte_size(sum(m.bytes for m in models))}")
 
 
-def _gguf_json(derived) -> dict:
-    from macspec.models.gguf.entries import gguf_root
+def _derived_json(derived, kind: str) -> dict:
+    from macspec.models.gguf.entries import roots
 
+    derived = [d for d in derived if d.kind == kind]
     return {
-        "folder": str(gguf_root()),
+        "folder": str(roots()[kind]),
         "total_bytes": sum(d.bytes for d in derived),
         "files": [
             {
@@ -126,16 +129,23 @@ def _gguf_json(derived) -> dict:
     }
 
 
-def _show_gguf(derived) -> None:
-    """The converted GGUF files: a file that is gone is said so (`cache clear --gguf` frees
-    its folder)."""
+def _show_derived(derived) -> None:
+    """The derived folders, a table per kind: a file that is gone is said so (`cache clear
+    --gguf` frees its folder)."""
+    from macspec.models.gguf.entries import TITLES
+
+    for kind, title in TITLES.items():
+        _show_kind([d for d in derived if d.kind == kind], title, kind)
+
+
+def _show_kind(derived, title: str, kind: str) -> None:
     if not derived:
         return
     from rich.table import Table
 
-    from macspec.models.gguf.entries import gguf_root
+    from macspec.models.gguf.entries import roots
 
-    table = Table(title=f"converted GGUF files: {gguf_root()}", title_justify="left")
+    table = Table(title=f"{title}: {roots()[kind]}", title_justify="left")
     table.add_column("file", overflow="fold", ratio=2)
     table.add_column("converted", justify="right", no_wrap=True)
     table.add_column("folder", justify="right", no_wrap=True)
@@ -157,32 +167,37 @@ def clear(
         typer.Option(
             "--model",
             "-m",
-            help="Only this model's blocks and converted GGUF file (as `macspec cache` names it).",
+            help="Only this model's blocks and derived folder (as `macspec cache` names it).",
         ),
     ] = None,
     gguf: Annotated[
-        bool, typer.Option("--gguf", help="Only converted GGUF files, not the prompt cache.")
+        bool,
+        typer.Option(
+            "--gguf",
+            help="Only derived folders (converted GGUF files, Ollama MLX models'), not the "
+            "prompt cache.",
+        ),
     ] = False,
     disk_cache_dir: opt.DiskCacheDir = None,
 ) -> None:
-    """Delete the prompt cache on disk and the converted GGUF files: everything, one model's,
-    or (--gguf) only the converted files. A converted file is converted again on its next
-    load."""
+    """Delete the prompt cache on disk, the converted GGUF files and Ollama MLX models' derived
+    folders: everything, one model's, or (--gguf) only the derived folders. A removed folder is
+    derived (and converted) again on its model's next load."""
     from macspec.models.gguf import entries
 
     store = _store(disk_cache_dir)
     if model is None:
         if not gguf:
             typer.echo(f"freed {byte_size(store.clear())} from {store.root}")
-        typer.echo(f"freed {byte_size(entries.remove_all())} from {entries.gguf_root()}")
+        for root in entries.roots().values():
+            typer.echo(f"freed {byte_size(entries.remove_all(root))} from {root}")
         return
     models = [] if gguf else store.usage()
     chosen = [m for m in models if model in (m.name, m.folder.name)]
-    files = entries.named_files(model)
-    derived = [d for d in entries.derived_folders() if d.matches(model, files)]
+    derived = entries.named_folders(model)
     if not chosen and not derived:
         known = sorted({m.name for m in models} | {d.name for d in entries.derived_folders()})
-        where = "among converted GGUF files" if gguf else "in the prompt cache or converted GGUF"
+        where = "among derived folders" if gguf else "in the prompt cache or derived folders"
         fail(f"no model named '{model}' {where} (cached: {', '.join(known) or 'none'})")
     if chosen:
         freed = sum(store.clear(m.folder) for m in chosen)
@@ -192,4 +207,5 @@ def clear(
         if len(set(names)) < len(names):  # one file's older conversions: their paths differ
             names = [str(d.file or d.folder) for d in derived]
         which = f" ({', '.join(names)})" if len(derived) > 1 else ""
-        typer.echo(f"freed {byte_size(entries.remove(derived))} from {entries.gguf_root()}{which}")
+        where = ", ".join(sorted({str(d.folder.parent) for d in derived}))
+        typer.echo(f"freed {byte_size(entries.remove(derived))} from {where}{which}")

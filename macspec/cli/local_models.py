@@ -30,7 +30,8 @@ def local_json(model: LocalModel, models: list[LocalModel]) -> dict[str, Any]:
         "name": model.name,
         "store": model.store,
         "path": str(model.path) if model.path is not None else None,
-        "readable": model.error is None,
+        "readable": about is not None,
+        "runnable": model.runnable,
         "error": model.error,
         "format": about.format if about else None,
         "size_bytes": about.size_bytes if about else None,
@@ -48,7 +49,8 @@ def local_json(model: LocalModel, models: list[LocalModel]) -> dict[str, Any]:
 
 
 def local_table(models: list[LocalModel]) -> Table:
-    """The models on this machine, one row each; an unreadable one says so (why: below)."""
+    """The models on this machine, one row each; an unreadable or unsupported one says so in
+    its last column (why: below)."""
     table = Table(title="on this Mac", title_justify="left", caption_justify="left")
     for header in ("model", "store", "size", "quant", "arch", "context", "memory", "fits"):
         right = header in {"size", "context", "memory"}
@@ -60,6 +62,7 @@ def local_table(models: list[LocalModel]) -> Table:
             continue
         memory = about.memory
         fits = "?" if memory is None else {True: "yes", False: "no", None: "?"}[memory.fits]
+        fits = fits if model.runnable else "unsupported"
         kv_known = memory is not None and memory.kv_cache_bytes is not None
         table.add_row(
             model.name,
@@ -77,7 +80,7 @@ def local_table(models: list[LocalModel]) -> Table:
 
 def print_local(models: list[LocalModel], console: Console) -> None:
     """The table (as wide as it needs when not on a terminal: names are never cut), then
-    why each unreadable entry is, then where the stores were looked for."""
+    why each unreadable or unsupported entry is, then where the stores were looked for."""
     if not console.is_terminal:
         console = Console(width=1000, highlight=False)
     places = "; ".join(f"{STORE_LABELS[k]}: {v}" for k, v in store_places().items())
@@ -88,7 +91,8 @@ def print_local(models: list[LocalModel], console: Console) -> None:
     for model in models:
         if model.error is not None:
             why = model.error.removeprefix(f"{model.name}: ")
-            console.print(f"unreadable {model.name}: {why}", highlight=False)
+            label = "unreadable" if model.about is None else "unsupported"
+            console.print(f"{label} {model.name}: {why}", highlight=False)
     console.print(f"Looked in {places}.", highlight=False, soft_wrap=True)
     pairs = local_pairs(models)
     if pairs:

@@ -18,7 +18,7 @@ from macspec.errors import MacspecError
 from macspec.models.gguf.folder import gguf_source
 from macspec.models.gguf.header import GGUFHeader, read_header
 from macspec.models.reasoning import has_think_tags
-from macspec.models.stores.describe import file_type_name
+from macspec.models.stores.describe import Description, file_type_name
 from macspec.models.tools import HARMONY
 from macspec.serve.backend import Backend
 from macspec.serve.errors import APIError
@@ -92,6 +92,22 @@ class ServedModel:
         return None
 
     @cached_property
+    def tensor_manifest(self) -> Description | None:
+        """An Ollama MLX model (its folder derived from a tensor-layer manifest) as its
+        manifest describes it (Ollama's `file_type`, the architecture), or None."""
+        from macspec.models.stores.listing import describe_path
+        from macspec.models.stores.ollama_mlx import tensor_entry
+
+        for name in sorted(self.backend.aliases):
+            path = Path(name)
+            if path.is_dir() and tensor_entry(path) is not None:
+                try:
+                    return describe_path(path)
+                except (MacspecError, OSError, ValueError):  # gone since loading
+                    return None
+        return None
+
+    @cached_property
     def config(self) -> dict[str, Any]:
         """The target's model arguments (mlx-lm's ModelArgs), as a dict."""
         args = getattr(self.target, "args", None)
@@ -138,6 +154,8 @@ class ServedModel:
     def format(self) -> str:
         if self.gguf is not None:
             return "gguf"
+        if self.tensor_manifest is not None:  # Ollama's own word for its MLX models
+            return "safetensors"
         names = (self.backend.model_id, *self.backend.aliases)
         gguf = any(n.endswith(".gguf") or n.startswith("ollama:") for n in names)
         return "gguf" if gguf else "safetensors"
@@ -145,7 +163,10 @@ class ServedModel:
     @property
     def quantization_level(self) -> str:
         """Ollama's: the GGUF's `general.file_type` (`Q4_K_M`), else its commonest tensor
-        type; a model folder's quantized bits (`Q4`) or float type."""
+        type; an Ollama MLX model's `file_type` (`int4`, `nvfp4`); a model folder's quantized
+        bits (`Q4`) or float type."""
+        if self.tensor_manifest is not None and self.tensor_manifest.quantization:
+            return self.tensor_manifest.quantization
         if self.gguf is not None:
             named = file_type_name(self.gguf.metadata.get("general.file_type"))
             if named and not named.startswith("type "):

@@ -10,10 +10,17 @@ from datetime import datetime, timezone
 from typing import Any
 
 from macspec.errors import MacspecError
+from macspec.models.stores.entry import is_gguf
+from macspec.models.stores.ollama_mlx import manifest_json_blobs
 from macspec.serve.backend import Backend
 from macspec.serve.model_names import listed_name
 from macspec.serve.ollama_models import FOREVER, described
 from macspec.serve.servable import Servable
+
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
+"""Where a model folder keeps its chat template, the first found taken."""
+OLLAMA_FORMATS = {"mlx": "safetensors"}
+"""Ollama's word for a format (an MLX folder or an Ollama MLX model: `safetensors`)."""
 
 
 def _time(seconds: float | None) -> str:
@@ -35,7 +42,7 @@ def details(servable: Servable) -> dict[str, Any]:
     family = (about.architecture if about else None) or "unknown"
     return {
         "parent_model": "",
-        "format": about.format if about else "safetensors",
+        "format": OLLAMA_FORMATS.get(about.format, about.format) if about else "safetensors",
         "family": family,
         "families": [family],
         "parameter_size": "",
@@ -63,21 +70,27 @@ def running(servable: Servable, backend: Backend, expires_at: float | None) -> d
 
 
 def chat_template(servable: Servable) -> str:
-    """The model's chat template from its metadata: a GGUF's `tokenizer.chat_template`, a
-    folder's tokenizer_config.json or chat_template.jinja; '' when it has none."""
+    """The model's chat template from its metadata: a GGUF's `tokenizer.chat_template`; a
+    folder's (or an Ollama MLX manifest's JSON layers') chat_template.jinja or
+    tokenizer_config.json; '' when it has none."""
     path = servable.path
     if path is None:
         return ""
     try:
-        if path.is_file():
+        if path.is_file() and is_gguf(path):
             from macspec.models.gguf.header import read_header
 
             value = read_header(path).metadata.get("tokenizer.chat_template")
             return value if isinstance(value, str) else ""
-        jinja = path / "chat_template.jinja"
-        if jinja.is_file():
+        if path.is_file():  # an Ollama MLX model's manifest: its JSON layers, by file name
+            files = manifest_json_blobs(path)
+        else:
+            files = {name: path / name for name in TEMPLATE_FILES}
+        jinja = files.get("chat_template.jinja")
+        if jinja is not None and jinja.is_file():
             return jinja.read_text(encoding="utf-8")
-        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config_file = files.get("tokenizer_config.json")
+        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file else None
         value = config.get("chat_template") if isinstance(config, dict) else None
         return value if isinstance(value, str) else ""
     except (MacspecError, OSError, ValueError):

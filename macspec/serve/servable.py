@@ -31,9 +31,12 @@ class Servable:
 
 
 def local_servable(model: LocalModel) -> Servable | None:
-    """A listed model as the pool serves it; None when it is unreadable or cannot fit here."""
+    """A listed model as the pool serves it; None when it is unreadable, of an architecture
+    macspec does not run, or cannot fit here."""
     about = model.about
-    if about is None or (about.memory is not None and about.memory.fits is False):
+    if about is None or not model.runnable:
+        return None
+    if about.memory is not None and about.memory.fits is False:
         return None
     model_id = served_id(model.name)
     aliases = [model.name]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -33,7 +33,13 @@ class LocalModel:
     about: Description | None
     """Its metadata; None when unreadable."""
     error: str | None = None
-    """Why it could not be read (one line); None when it was."""
+    """Why it cannot be run (one line: unreadable, or a GGUF architecture macspec does not
+    read, whose metadata `about` still holds); None when it can."""
+
+    @property
+    def runnable(self) -> bool:
+        """Read, and of a kind macspec runs: what pairs, drafts and is served."""
+        return self.about is not None and self.error is None
 
 
 def _entry(name: str, store: str, path: Path | None, describe: Callable[[], Description]):
@@ -43,6 +49,16 @@ def _entry(name: str, store: str, path: Path | None, describe: Callable[[], Desc
         return LocalModel(name, store, path, None, str(exc))
     except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
         return LocalModel(name, store, path, None, f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def _gguf_entry(name: str, store: str, path: Path, file_type: str | None = None) -> LocalModel:
+    """A GGUF file's row; one of an architecture macspec does not read says so, in the words
+    `run` gives, its metadata kept."""
+    from macspec.models.gguf.archs import unsupported  # mlx: not at start-up
+
+    model = _entry(name, store, path, partial(describe_gguf, path, file_type))
+    why = unsupported(model.about.architecture or "?") if model.about is not None else None
+    return model if why is None else replace(model, error=f"{name}: {why}")
 
 
 def _ollama_file_type(data: dict, root: Path) -> str | None:
@@ -74,7 +90,7 @@ def ollama_models() -> Iterator[LocalModel]:
             yield LocalModel(short, "ollama", None, None, str(exc))
             continue
         file_type = _ollama_file_type(data, root)
-        yield _entry(short, "ollama", blob, lambda b=blob, t=file_type: describe_gguf(b, t))
+        yield _gguf_entry(short, "ollama", blob, file_type)
 
 
 def lmstudio_models() -> Iterator[LocalModel]:
@@ -92,7 +108,7 @@ def lmstudio_models() -> Iterator[LocalModel]:
             files = lmstudio.model_files(folder)
             for file in files:
                 full = name if len(files) == 1 else f"{name}/{file.name}"
-                yield _entry(full, "lmstudio", file, lambda f=file: describe_gguf(f))
+                yield _gguf_entry(full, "lmstudio", file)
             if not files:
                 yield LocalModel(name, "lmstudio", folder, None, "no GGUF file and no MLX model")
 
@@ -114,7 +130,7 @@ def hf_models() -> Iterator[LocalModel]:
                 yield LocalModel(repo, "hf", snapshot, None, "incomplete download")
         gguf_files = [f for f in sorted(snapshot.rglob("*.gguf")) if not lmstudio.is_projector(f)]
         for file in first_parts(gguf_files):
-            yield _entry(str(file), "hf", file, lambda f=file: describe_gguf(f))
+            yield _gguf_entry(str(file), "hf", file)
 
 
 def _snapshot(repo_folder: Path) -> Path | None:
@@ -153,5 +169,6 @@ def describe_path(path: Path) -> Description:
         manifest = Path(entry["manifest"])
         data = ollama.read_manifest(manifest, str(manifest))
         root = manifest.parents[4]  # manifests/<host>/<namespace>/<model>/<tag>
-        return ollama_mlx.describe_tensor_manifest(data, root, str(manifest), None)
+        file_type = _ollama_file_type(data, root)
+        return ollama_mlx.describe_tensor_manifest(data, root, str(manifest), file_type)
     return describe_mlx(path) if path.is_dir() else describe_gguf(path)

@@ -23,7 +23,17 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models.home import macspec_home, write_folder_whole
 from macspec.models.stores.describe import Description, tokenizer_files_digest
-from macspec.models.stores.ollama import MODEL, TENSOR, blob_path, layers_of
+from macspec.models.stores.ollama import (
+    MODEL,
+    PREFIX,
+    TENSOR,
+    blob_path,
+    find_manifest,
+    layers_of,
+    parse_name,
+    read_manifest,
+    store_root,
+)
 
 JSON_LAYER = "application/vnd.ollama.image.json"
 ENTRY = "ollama_mlx"
@@ -102,6 +112,13 @@ def json_blobs(data: dict[str, Any], root: Path, given: str) -> dict[str, Path]:
         if needed not in blobs:
             raise MacspecError(f"{given}: its manifest has no {needed} layer")
     return blobs
+
+
+def manifest_json_blobs(manifest: Path) -> dict[str, Path]:
+    """The JSON layers of the manifest file `manifest`, from the store it lies in."""
+    data = read_manifest(manifest, str(manifest))
+    root = manifest.parents[4]  # manifests/<host>/<namespace>/<model>/<tag>
+    return json_blobs(data, root, str(manifest))
 
 
 def read_config(blobs: dict[str, Path], given: str) -> dict[str, Any]:
@@ -187,12 +204,32 @@ def manifest_key(manifest: Path) -> str:
     return hashlib.sha256(f"{FORMAT}\0".encode() + data).hexdigest()[:32]
 
 
+def folder_of(manifest: Path) -> Path:
+    """Where the folder derived from `manifest` lies, derived yet or not."""
+    return macspec_home() / "ollama" / f"{manifest.parent.name[:40]}-{manifest_key(manifest)}"
+
+
+def named_folder(name: str) -> Path | None:
+    """The folder of the MLX model `[ollama:]NAME[:TAG]` names in Ollama's store, derived yet
+    or not (nothing is written); None for any other name."""
+    parsed = parse_name(name.removeprefix(PREFIX))
+    root = store_root()
+    manifest = find_manifest(parsed, root) if parsed is not None and root.is_dir() else None
+    if manifest is None:
+        return None
+    try:
+        data = read_manifest(manifest, name)
+    except MacspecError:
+        return None
+    return folder_of(manifest) if is_tensor_manifest(data) else None
+
+
 def tensor_folder(data: dict[str, Any], manifest: Path, root: Path, given: str) -> Path:
     """The model folder mlx-lm loads for a tensor-layer manifest (derived on first use); one
     line for a manifest whose blobs are missing or cut, or whose architecture mlx-lm lacks."""
     tensors = tensor_blobs(data, root, given)
     jsons = json_blobs(data, root, given)
-    folder = macspec_home() / "ollama" / f"{manifest.parent.name[:40]}-{manifest_key(manifest)}"
+    folder = folder_of(manifest)
     if (folder / "config.json").is_file():
         return folder
     config = read_config(jsons, given)

@@ -41,8 +41,8 @@ class LocalPair:
 
 def _key(model: LocalModel) -> tuple[str, str] | None:
     about = model.about
-    if about is None or about.tokenizer is None:
-        return None
+    if about is None or about.tokenizer is None or model.error is not None:
+        return None  # unreadable, or an architecture macspec does not run: never a draft
     return about.format, about.tokenizer
 
 
@@ -92,6 +92,11 @@ def auto_draft(target_name: str, target_path: Path) -> LocalPair:
         about = describe_path(target_path)
     except (MacspecError, OSError, ValueError) as exc:
         raise MacspecError(f"--draft-model auto: cannot read {target_name} ({exc})") from None
+    from macspec.models.gguf.archs import unsupported
+
+    why = unsupported(about.architecture or "?") if about.format == "gguf" else None
+    if why is not None:  # the reason it cannot run, not that no draft was found
+        raise MacspecError(f"{target_name}: {why}")
     target = LocalModel(target_name, "given", target_path, about)
     same_file = target_path.resolve()
     models = [m for m in local_models() if m.path is None or m.path.resolve() != same_file]

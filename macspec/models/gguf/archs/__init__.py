@@ -23,15 +23,23 @@ ARCHITECTURES: dict[str, Architecture] = {
 """GGUF's `general.architecture` -> how macspec reads it."""
 
 
+def unsupported(architecture: str) -> str | None:
+    """Why GGUF files of `architecture` are not read here, naming those that are (the words
+    `run`, `serve` and `macspec models` all say); None when it is read."""
+    if architecture in ARCHITECTURES:
+        return None
+    return (
+        f"architecture '{architecture}' is not supported for GGUF files "
+        f"(supported: {', '.join(ARCHITECTURES)})"
+    )
+
+
 def architecture_of(header: GGUFHeader) -> Architecture:
     """The file's architecture, or one line naming the one it is and those supported."""
-    arch = ARCHITECTURES.get(header.architecture)
-    if arch is None:
-        raise MacspecError(
-            f"{header.path}: architecture '{header.architecture}' is not supported for GGUF "
-            f"files (supported: {', '.join(ARCHITECTURES)})"
-        )
-    return arch
+    why = unsupported(header.architecture)
+    if why is not None:
+        raise MacspecError(f"{header.path}: {why}")
+    return ARCHITECTURES[header.architecture]
 
 
 def without_ignored(header: GGUFHeader) -> GGUFHeader:
