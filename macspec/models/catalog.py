@@ -19,7 +19,11 @@ from macspec.models import hub
 from macspec.models.home import config_path, load_config, read_toml, user_catalog_path
 from macspec.models.known import known_config
 from macspec.models.memory import MemoryEstimate, estimate, weight_bytes
-from macspec.models.resolved import ResolvedModels  # noqa: F401  (imported from here too)
+from macspec.models.resolved import (  # noqa: F401  (imported from here too)
+    Pair,
+    ResolvedModels,
+    pair_model_path,
+)
 
 SHIPPED_CATALOG = Path(__file__).parent.parent / "models.toml"
 DEFAULT_PAIR = "demo"
@@ -31,62 +35,6 @@ DRAFT_POLICIES = ("auto",)
 """Named draft-length policies a pair may recommend; an integer means a fixed k instead."""
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One target model and the small draft model that guesses for it."""
-
-    name: str
-    """Short name used on the command line (`macspec pull NAME`): lowercase, no slash."""
-    target: str
-    """The big model: a Hugging Face repo id, a local folder, or `package:demo/target`."""
-    draft: str | None
-    """The small model sharing the target's tokenizer, in the same forms as `target`; None for
-    a target with no small sibling (guesses then come from prompt lookup). With several (`draft
-    = [...]` in models.toml), the first: the one `--draft model` drafts with."""
-    draft_policy: str | int
-    """Recommended draft-length policy: "auto" (adaptive) or a fixed number of draft tokens."""
-    context_length: int
-    """The context window (tokens) the pair is meant to serve; memory estimates assume it full."""
-    description: str
-    """One line for `macspec models`."""
-    size_gb: float
-    """Approximate download size of target plus draft, in GB (10**9 bytes)."""
-    mtp: str | None = None
-    """An MTP head for the target (a drafter folder in mlx-vlm's qwen3_5_mtp format), if any."""
-    dflash: str | None = None
-    """A DFlash block drafter for the target (z-lab's format), if any."""
-    eagle3: str | None = None
-    """An EAGLE-3 head for the target (speculators or EAGLE / SpecForge format), if any."""
-    unsupported: tuple[str, ...] = ()
-    """Drafters published for the target that macspec does not serve, each 'KIND REPO: why':
-    listed by `macspec models`, never downloaded or loaded."""
-    ranks: int = 1
-    """Machines the target is meant to be sharded over (mlx.distributed ranks, `mlx.launch`);
-    1: one machine. The drafters are replicated on every rank."""
-    more_drafts: tuple[str, ...] = ()
-    """Further draft models after `draft`, which `--draft auto` measures against it (one may
-    suit sampling, another greedy decoding)."""
-    gguf_layout: str = "compact"
-    """How GGUF files of the pair are held: "compact" (near the file's bytes) or "exact"."""
-
-    @property
-    def members(self) -> tuple[str, ...]:
-        """The models to download: the target, then whichever drafters the pair has."""
-        drafters = (self.draft, *self.more_drafts, self.mtp, self.dflash, self.eagle3)
-        return tuple(m for m in (self.target, *drafters) if m is not None)
-
-    @property
-    def heads(self) -> dict[str, str]:
-        """Drafters that read the target, by kind ('mtp', 'dflash', 'eagle3')."""
-        heads = (("mtp", self.mtp), ("dflash", self.dflash), ("eagle3", self.eagle3))
-        return {k: v for k, v in heads if v is not None}
-
-    @property
-    def is_packaged(self) -> bool:
-        """True when its models ship inside the macspec package (always "downloaded")."""
-        return all(hub.is_package_spec(m) for m in self.members)
 
 
 @dataclass(frozen=True)
@@ -258,7 +206,7 @@ def resolve_models(
                 f"{config_path()}: default_pair '{name}' is not a known pair (known: {known})"
             )
         chosen = catalog.pairs[name]
-    target_path = _pair_model_path(chosen, chosen.target)
+    target_path = pair_model_path(chosen, chosen.target)
     if not need_draft:
         return ResolvedModels(target_path, None, chosen.target, None, chosen)
     draft_name = draft_model if draft_model is not None else chosen.draft
@@ -266,8 +214,8 @@ def resolve_models(
     if draft_model is not None:
         draft_path = hub.local_model_path(draft_model)
     elif chosen.draft is not None:
-        draft_path = _pair_model_path(chosen, chosen.draft)
-        more = tuple((name, _pair_model_path(chosen, name)) for name in chosen.more_drafts)
+        draft_path = pair_model_path(chosen, chosen.draft)
+        more = tuple((name, pair_model_path(chosen, name)) for name in chosen.more_drafts)
     else:
         draft_path = None
     return ResolvedModels(target_path, draft_path, chosen.target, draft_name, chosen, more)
@@ -294,16 +242,6 @@ def context_length(resolved: ResolvedModels) -> int | None:
         return None
     value = config.get("max_position_embeddings") if isinstance(config, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _pair_model_path(pair: Pair, name: str) -> Path:
-    """A pair member's folder; when missing, the error names `macspec pull PAIR`."""
-    try:
-        return hub.local_model_path(name)
-    except hub.NotDownloadedError:
-        raise MacspecError(
-            f"pair '{pair.name}' is not downloaded ({name} missing); run: macspec pull {pair.name}"
-        ) from None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 def read_weights(folder: Path) -> dict[str, mx.array]:
     """Every tensor of a folder's *.safetensors files (of a draft an Ollama manifest carries:
     its blobs in Ollama's store)."""
-    from macspec.models.stores.ollama_mlx import tensor_entry
+    from macspec.models.stores.ollama_entry import tensor_entry
 
     entry = tensor_entry(folder)
     if entry is not None:

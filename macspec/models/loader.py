@@ -17,7 +17,7 @@ from macspec.engine.drafters.suffix import SaidTokens
 from macspec.errors import MacspecError
 from macspec.models.gguf.folder import gguf_notices, gguf_source
 from macspec.models.gguf.load import load_gguf_model
-from macspec.models.stores.ollama_mlx import tensor_entry
+from macspec.models.stores.ollama_entry import tensor_entry
 from macspec.models.stores.ollama_mlx_load import load_tensor_model
 from macspec.models.tokenizers import fingerprint
 

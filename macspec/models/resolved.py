@@ -4,10 +4,66 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from macspec.models.catalog import Pair
+from macspec.errors import MacspecError
+from macspec.models import hub
+from macspec.models.stores.ollama_entry import DRAFT_CONFIG, tensor_entry
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One target model and the small draft model that guesses for it."""
+
+    name: str
+    """Short name used on the command line (`macspec pull NAME`): lowercase, no slash."""
+    target: str
+    """The big model: a Hugging Face repo id, a local folder, or `package:demo/target`."""
+    draft: str | None
+    """The small model sharing the target's tokenizer, in the same forms as `target`; None for
+    a target with no small sibling (guesses then come from prompt lookup). With several (`draft
+    = [...]` in models.toml), the first: the one `--draft model` drafts with."""
+    draft_policy: str | int
+    """Recommended draft-length policy: "auto" (adaptive) or a fixed number of draft tokens."""
+    context_length: int
+    """The context window (tokens) the pair is meant to serve; memory estimates assume it full."""
+    description: str
+    """One line for `macspec models`."""
+    size_gb: float
+    """Approximate download size of target plus draft, in GB (10**9 bytes)."""
+    mtp: str | None = None
+    """An MTP head for the target (a drafter folder in mlx-vlm's qwen3_5_mtp format), if any."""
+    dflash: str | None = None
+    """A DFlash block drafter for the target (z-lab's format), if any."""
+    eagle3: str | None = None
+    """An EAGLE-3 head for the target (speculators or EAGLE / SpecForge format), if any."""
+    unsupported: tuple[str, ...] = ()
+    """Drafters published for the target that macspec does not serve, each 'KIND REPO: why':
+    listed by `macspec models`, never downloaded or loaded."""
+    ranks: int = 1
+    """Machines the target is meant to be sharded over (mlx.distributed ranks, `mlx.launch`);
+    1: one machine. The drafters are replicated on every rank."""
+    more_drafts: tuple[str, ...] = ()
+    """Further draft models after `draft`, which `--draft auto` measures against it (one may
+    suit sampling, another greedy decoding)."""
+    gguf_layout: str = "compact"
+    """How GGUF files of the pair are held: "compact" (near the file's bytes) or "exact"."""
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The models to download: the target, then whichever drafters the pair has."""
+        drafters = (self.draft, *self.more_drafts, self.mtp, self.dflash, self.eagle3)
+        return tuple(m for m in (self.target, *drafters) if m is not None)
+
+    @property
+    def heads(self) -> dict[str, str]:
+        """Drafters that read the target, by kind ('mtp', 'dflash', 'eagle3')."""
+        heads = (("mtp", self.mtp), ("dflash", self.dflash), ("eagle3", self.eagle3))
+        return {k: v for k, v in heads if v is not None}
+
+    @property
+    def is_packaged(self) -> bool:
+        """True when its models ship inside the macspec package (always "downloaded")."""
+        return all(hub.is_package_spec(m) for m in self.members)
 
 
 @dataclass(frozen=True)
@@ -44,9 +100,26 @@ class ResolvedModels:
         """The pair's drafter of `kind` ('mtp', 'dflash', 'eagle3') on disk, else the one the
         target's Ollama manifest carries; None when it has none."""
         if self.pair is None or kind not in self.pair.heads:
-            from macspec.models.stores.ollama_mlx import carried_head
-
             return carried_head(self.target, kind)
-        from macspec.models.catalog import _pair_model_path
+        return pair_model_path(self.pair, self.pair.heads[kind])
 
-        return _pair_model_path(self.pair, self.pair.heads[kind])
+
+def pair_model_path(pair: Pair, name: str) -> Path:
+    """A pair member's folder; when missing, the error names `macspec pull PAIR`."""
+    try:
+        return hub.local_model_path(name)
+    except hub.NotDownloadedError:
+        raise MacspecError(
+            f"pair '{pair.name}' is not downloaded ({name} missing); run: macspec pull {pair.name}"
+        ) from None
+
+
+def carried_head(folder: Path, kind: str) -> Path | None:
+    """The drafter of `kind` ('dflash', ...) a folder derived from an Ollama MLX manifest
+    carries (x/create/draft.go: `draft.` tensors and draft/config.json), or None."""
+    draft = folder / Path(DRAFT_CONFIG).parent
+    if tensor_entry(folder) is None or tensor_entry(draft) is None:
+        return None
+    from macspec.models.drafters import drafter_kind
+
+    return draft if drafter_kind(draft) == kind else None

@@ -96,7 +96,7 @@ class ServedModel:
         """An Ollama MLX model (its folder derived from a tensor-layer manifest) as its
         manifest describes it (Ollama's `file_type`, the architecture), or None."""
         from macspec.models.stores.listing import describe_path
-        from macspec.models.stores.ollama_mlx import tensor_entry
+        from macspec.models.stores.ollama_entry import tensor_entry
 
         for name in sorted(self.backend.aliases):
             path = Path(name)

@@ -152,7 +152,7 @@ def manifest_name(manifest: Path) -> tuple[str, ...]:
 
 def derived_folders() -> list[DerivedFolder]:
     """Every derived folder, GGUF files' and Ollama MLX models', most recently used first."""
-    from macspec.models.stores.ollama_mlx import tensor_entry
+    from macspec.models.stores.ollama_entry import tensor_entry
 
     found = []
     blobs = ollama_blob_names() if _folders(gguf_root()) else {}

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from macspec.errors import MacspecError
-from macspec.models.gguf.archs import without_ignored
+from macspec.models.gguf.foreign import without_foreign
 from macspec.models.gguf.header import GGUFHeader, TensorEntry, read_header
 
 PART_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -80,7 +80,7 @@ def read_model_header(path: Path, strings: bool = True) -> GGUFHeader:
     named = read_header(path, strings)
     paths = check_parts(path, named.metadata)
     if len(paths) == 1:
-        return without_ignored(named)
+        return without_foreign(named)
     count = len(paths)
     parts = []
     tensors: dict[str, TensorEntry] = {}
@@ -110,7 +110,7 @@ def read_model_header(path: Path, strings: bool = True) -> GGUFHeader:
             f"{expected}"
         )
     size = sum(part.size for part in parts)
-    return without_ignored(GGUFHeader(
+    return without_foreign(GGUFHeader(
         first.path, first.version, first.metadata, tensors, first.data_start, size, tuple(parts),
         first.array_lengths, first.tokenizer_digest,
     ))  # fmt: skip

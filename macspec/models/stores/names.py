@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from macspec.errors import MacspecError
-from macspec.models.stores import lmstudio, ollama
+from macspec.models.stores import lmstudio, ollama, ollama_mlx
 from macspec.models.stores.entry import StoreModel
 
 FORMS = (
@@ -31,11 +31,11 @@ def find(name: str) -> StoreModel | None:
     """The store model `name` names, read where it lies; None when `name` is not a store name.
     A store name that does not resolve is a one-line error."""
     if name.startswith(ollama.PREFIX):
-        return ollama.resolve(name.removeprefix(ollama.PREFIX), name)
+        return ollama.resolve(name.removeprefix(ollama.PREFIX), name, ollama_mlx.tensor_folder)
     if name.startswith(lmstudio.PREFIX):
         return lmstudio.resolve(name.removeprefix(lmstudio.PREFIX), name)
     if is_store_name(name) or _bare_ollama_name(name):
-        return ollama.resolve(name, name)
+        return ollama.resolve(name, name, ollama_mlx.tensor_folder)
     return None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,20 @@ def read_params(data: dict[str, Any], root: Path, given: str) -> dict[str, Any]:
     return params
 
 
-def resolve(spec: str, given: str | None = None) -> StoreModel:
-    """The model Ollama calls `spec` (`qwen3:8b`, `ns/model:tag`, ...), read from its store."""
+TensorFolder = Callable[[dict[str, Any], Path, Path, str], Path]
+"""(manifest data, manifest path, store root, the name given) -> the derived model folder."""
+
+
+def is_tensor_manifest(data: dict[str, Any]) -> bool:
+    """A manifest in Ollama's MLX layout: tensor layers and no GGUF model layer."""
+    return bool(layers_of(data, TENSOR)) and not layers_of(data, MODEL)
+
+
+def resolve(
+    spec: str, given: str | None = None, tensor_folder: TensorFolder | None = None
+) -> StoreModel:
+    """The model Ollama calls `spec` (`qwen3:8b`, `ns/model:tag`, ...), read from its store;
+    an MLX manifest becomes the folder `tensor_folder` derives (stores.ollama_mlx's)."""
     given = given or spec
     name = parse_name(spec)
     if name is None:
@@ -180,10 +193,10 @@ def resolve(spec: str, given: str | None = None) -> StoreModel:
     if path is None:
         raise MacspecError(f"{given}: not in Ollama's store {root}{_nearest(name, root)}")
     data = read_manifest(path, given)
-    from macspec.models.stores import ollama_mlx  # it reads this module's names
-
-    if ollama_mlx.is_tensor_manifest(data):  # MLX weights: a derived folder, blobs in place
-        model = ollama_mlx.tensor_folder(data, path, root, given)
+    if is_tensor_manifest(data):  # MLX weights: a derived folder, blobs in place
+        if tensor_folder is None:
+            raise MacspecError(f"{given}: an MLX model (one blob per tensor), not a GGUF one")
+        model = tensor_folder(data, path, root, given)
     else:
         model = model_blob(data, root, given)
     notes = []

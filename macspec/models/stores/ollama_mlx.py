@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -23,27 +22,30 @@ from typing import Any
 from macspec.errors import MacspecError
 from macspec.models.home import macspec_home, write_folder_whole
 from macspec.models.stores.describe import Description, tokenizer_files_digest
-from macspec.models.stores.ollama import (
+from macspec.models.stores.ollama import (  # noqa: F401  (is_tensor_manifest: read from here too)
     MODEL,
     PREFIX,
     TENSOR,
     blob_path,
     find_manifest,
+    is_tensor_manifest,
     layers_of,
     parse_name,
     read_manifest,
     store_root,
 )
+from macspec.models.stores.ollama_entry import (  # noqa: F401  (mlx_name: read from here too)
+    DRAFT_CONFIG,
+    ENTRY,
+    mlx_name,
+    tensor_entry,
+)
 
 JSON_LAYER = "application/vnd.ollama.image.json"
-ENTRY = "ollama_mlx"
-"""config.json's entry naming the blobs the weights are read from: {"manifest", "blobs"}."""
 FORMAT = 1
 """The derived folder's layout; a change here derives every folder again."""
 DRAFT_PREFIX = "draft."
 """x/create/draft.go: a draft's tensors, namespaced inside the target's manifest."""
-DRAFT_CONFIG = "draft/config.json"
-"""x/create/draft.go: the draft's config.json layer (its other JSON files beside it)."""
 
 QUANT_TYPES = {
     "int4": (64, 4, "affine"),
@@ -55,24 +57,6 @@ QUANT_TYPES = {
 """Ollama's quantization types: default group size, bits, MLX mode (x/quant/quant.go)."""
 ALIASES = {"fp4": "int4", "q4": "int4", "fp8": "int8", "q8": "int8"}
 """x/quant/quant.go's Canonical: the older names of int4 and int8."""
-
-_STACKED_EXPERTS = re.compile(r"\.mlp\.experts\.(\d+\.)?(gate_proj|up_proj|down_proj)\.")
-
-
-def is_tensor_manifest(data: dict[str, Any]) -> bool:
-    """A manifest in Ollama's MLX layout: tensor layers and no GGUF model layer."""
-    return bool(layers_of(data, TENSOR)) and not layers_of(data, MODEL)
-
-
-def mlx_name(name: str) -> str:
-    """A tensor's Ollama name as mlx-lm's modules call it: `X.weight.scale` -> `X.scales`,
-    `X.weight.bias` -> `X.biases`, experts (stacked [E, out, in] or one per index) ->
-    `switch_mlp` (what mlx-lm's MoE models' sanitize makes of the Hugging Face names)."""
-    if name.endswith(".weight.scale"):
-        name = name.removesuffix(".weight.scale") + ".scales"
-    elif name.endswith(".weight.bias"):
-        name = name.removesuffix(".weight.bias") + ".biases"
-    return _STACKED_EXPERTS.sub(r".mlp.switch_mlp.\2.", name)
 
 
 def _blobs(data: dict[str, Any], root: Path, given: str, media_type: str) -> dict[str, Path]:
@@ -270,16 +254,6 @@ def draft_config(
     return config
 
 
-def carried_head(folder: Path, kind: str) -> Path | None:
-    """The drafter of `kind` ('dflash', ...) a derived folder's manifest carries, or None."""
-    draft = folder / Path(DRAFT_CONFIG).parent
-    if tensor_entry(folder) is None or tensor_entry(draft) is None:
-        return None
-    from macspec.models.drafters import drafter_kind
-
-    return draft if drafter_kind(draft) == kind else None
-
-
 def _write_whole(folder: Path, jsons: dict[str, Path], written: dict[str, dict]) -> None:
     """The manifest's JSON files (a draft's under draft/), the configs in `written` as
     derived; no weights."""
@@ -294,16 +268,6 @@ def _write_whole(folder: Path, jsons: dict[str, Path], written: dict[str, dict])
             (partial / name).write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     write_folder_whole(folder, fill, "the Ollama model folder")
-
-
-def tensor_entry(folder: Path) -> dict[str, Any] | None:
-    """A derived folder's `ollama_mlx` entry ({"manifest", "blobs"}), or None for any other."""
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    entry = config.get(ENTRY) if isinstance(config, dict) else None
-    return entry if isinstance(entry, dict) and isinstance(entry.get("blobs"), list) else None
 
 
 def carried_drafts(data: dict[str, Any], jsons: dict[str, Path]) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.errors import MacspecError
-from macspec.models.stores.ollama_mlx import mlx_name, tensor_entry
+from macspec.models.stores.ollama_entry import mlx_name, tensor_entry
 
 _ONE_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(.+)$")
 """An expert's own tensor (older stores): `...mlp.experts.3.gate_proj.weight`."""

@@ -4,8 +4,6 @@ one file per model."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Architecture
 from macspec.models.gguf.archs.gemma3 import Gemma3
@@ -40,16 +38,6 @@ def architecture_of(header: GGUFHeader) -> Architecture:
     if why is not None:
         raise MacspecError(f"{header.path}: {why}")
     return ARCHITECTURES[header.architecture]
-
-
-def without_ignored(header: GGUFHeader) -> GGUFHeader:
-    """The header without the tensors that are not the text model's (a vision tower), so no
-    reader reads or counts them; any other architecture's header as it is."""
-    arch = ARCHITECTURES.get(header.architecture)
-    if arch is None or not any(arch.ignored(name) for name in header.tensors):
-        return header
-    kept = {name: entry for name, entry in header.tensors.items() if not arch.ignored(name)}
-    return replace(header, tensors=kept)
 
 
 def notices(header: GGUFHeader) -> list[str]:

@@ -123,10 +123,6 @@ class Architecture:
         """A tensor that configures the model rather than being one of its weights."""
         return False
 
-    def ignored(self, name: str) -> bool:
-        """A tensor of another model in the same file (a vision tower): never read."""
-        return False
-
     def notices(self, header: GGUFHeader) -> list[str]:
         """What the user should know about the file that is not an error (a part not used)."""
         return []

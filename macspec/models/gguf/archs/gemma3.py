@@ -25,6 +25,7 @@ import numpy as np
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import LAYER_NAMES, Architecture, Metadata
+from macspec.models.gguf.foreign import FOREIGN_PREFIXES
 from macspec.models.gguf.header import GGUFHeader
 
 SLIDING_PATTERN = 6
@@ -38,7 +39,7 @@ ROPE_SCALE_BY_BLOCKS = {34: 8.0, 48: 8.0, 62: 8.0}
 """model_text.go: the global layers' rope scale of the 4B, 12B and 27B models, a file without
 one (and a window shorter than its context) given."""
 VISION_KEYS = ("vision.block_count", "mm.tokens_per_image")
-VISION_PREFIXES = ("v.", "mm.")
+VISION_PREFIXES = FOREIGN_PREFIXES["gemma3"]
 
 
 class Gemma3(Architecture):
@@ -82,9 +83,6 @@ class Gemma3(Architecture):
         if scale is not None and float(scale) != 1.0:
             extra["rope_scaling"] = {"type": "linear", "factor": float(scale)}
         return extra
-
-    def ignored(self, name: str) -> bool:
-        return name.startswith(VISION_PREFIXES)
 
     def notices(self, header: GGUFHeader) -> list[str]:
         if not has_vision(header):
