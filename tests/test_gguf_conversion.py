@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
@@ -22,10 +23,15 @@ from macspec.cli.gguf_notes import conversion_line, gguf_loading
 from macspec.models import hub, memory
 from macspec.models.gguf import load
 from macspec.models.gguf.header import read_header
-from macspec.models.gguf.layout import Layout
+from macspec.models.gguf.layout import Layout, activation_dtype
 from macspec.models.gguf.load import load_gguf_model
 from macspec.models.gguf.report import Conversion, watch_loads
-from macspec.models.gguf.tensors import read_tensors, resident_bytes
+from macspec.models.gguf.tensors import (
+    EMBEDDING_SCALES,
+    needs_conversion,
+    read_tensors,
+    resident_bytes,
+)
 from macspec.text import byte_size
 
 
@@ -125,8 +131,12 @@ def test_the_resident_size_from_the_header_is_the_converted_tensors_bytes(tmp_pa
     else:
         path = tiny_gguf(tmp_path, Q[kind.upper()])
     header = read_header(path)
-    converted = read_tensors(header, layout)
-    assert resident_bytes(header, layout) == sum(v.nbytes for v in converted.values())
+    held = {name: value.nbytes for name, value in read_tensors(header, layout).items()}
+    if layout is Layout.COMPACT and needs_conversion(header) and activation_dtype() == mx.float32:
+        # the loader widens a converted file's embedding scales to float32 on a CPU
+        for name in EMBEDDING_SCALES & held.keys():
+            held[name] *= 2
+    assert resident_bytes(header, layout) == sum(held.values())
 
 
 def test_progress_is_heard_on_the_first_conversion_only(tmp_path, monkeypatch):

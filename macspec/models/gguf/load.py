@@ -19,6 +19,7 @@ from macspec.models.gguf.layout import Layout, default_layout
 from macspec.models.gguf.report import Conversion, progress_callback, reported
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import (
+    EMBEDDING_SCALES,
     exactness,
     needs_conversion,
     read_tensors,
@@ -48,14 +49,14 @@ def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
     check_memory(header, layout)
     converting = needs_conversion(header) and not (folder / CONVERTED[layout]).is_file()
     weights = _converted_once(folder, header, layout)
+    if layout is Layout.COMPACT:
+        weights = _in_activation_dtype(weights, needs_conversion(header))
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
     model, config = load_model(
         folder, lazy=True, strict=False, model_config=quantization(header, weights)
     )
     factors = rope_factors(header, weights)
     weights = to_mlx(header, config, weights)
-    if layout is Layout.COMPACT:
-        weights = _in_activation_dtype(weights)
     # No second model.sanitize: load_model ran it (on no weights), which did what it does to the
     # model itself (gemma3_text drops a tied lm_head, and a second call fails on it); to_mlx
     # gives mlx-lm's names already.
@@ -77,13 +78,20 @@ def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
     return model
 
 
-def _in_activation_dtype(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """float32 tensors (norms, biases, a float embedding) in this machine's activation dtype:
-    on a GPU, float16, so no matmul widens its operands each pass; on the CPU nothing
-    changes."""
+def _in_activation_dtype(weights: dict[str, mx.array], converted: bool) -> dict[str, mx.array]:
+    """The weights as this machine's activations want them (by GGUF name). On a GPU, float32
+    tensors (norms, biases, a float embedding) in float16, so no matmul widens its operands each
+    pass. On the CPU, a converted file's token embedding with float32 scales: its rows are the
+    activations' first values, and float16 ones would make the whole model compute in float16
+    (10-40x slower there, and rounded); a file `mx.load` reads computes as mlx-lm computes it."""
     dtype = layouts.activation_dtype()
     if dtype == mx.float32:
-        return weights
+        if not converted:
+            return weights
+        return {
+            name: value.astype(dtype) if name in EMBEDDING_SCALES else value
+            for name, value in weights.items()
+        }
     return {
         name: value.astype(dtype) if value.dtype == mx.float32 else value
         for name, value in weights.items()

@@ -151,16 +151,32 @@ def tensor_bytes(qtype: Q, values: int, stored: int, scale_bytes: int, layout: L
     if layout is Layout.EXACT:
         return 2 * values
     bits, group = requantized(qtype)
-    return values * bits // 8 + values // group * 2 * 2
+    return values * bits // 8 + values // group * 2 * scale_bytes
+
+
+EMBEDDING = "token_embd.weight"
+EMBEDDING_SCALES = frozenset({"token_embd.scales", "token_embd.biases"})
+"""A converted file's token embedding keeps float32 scales where activations are float32 (the
+loader's `_in_activation_dtype`): its rows start every activation."""
 
 
 def resident_bytes(header: GGUFHeader, layout: Layout) -> int:
-    """The converted weights' bytes in memory, from the header alone (float32 scales only in a
-    file read through kquants in the exact layout; float16 otherwise, as `mx.load` gives
-    them)."""
-    scale_bytes = 4 if needs_conversion(header) and layout is Layout.EXACT else 2
+    """The converted weights' bytes in memory, from the header alone (float32 scales in a file
+    read through kquants in the exact layout, and for its token embedding in the compact one
+    where activations are float32; float16 otherwise, as `mx.load` gives them)."""
+    from macspec.models.gguf.layout import activation_dtype
+
+    converted = needs_conversion(header)
+    scale_bytes = 4 if converted and layout is Layout.EXACT else 2
+    wide_embedding = converted and activation_dtype() == mx.float32
     return sum(
-        tensor_bytes(t.qtype, int(np.prod(t.shape, dtype=np.int64)), t.nbytes, scale_bytes, layout)
+        tensor_bytes(
+            t.qtype,
+            int(np.prod(t.shape, dtype=np.int64)),
+            t.nbytes,
+            4 if wide_embedding and t.name == EMBEDDING else scale_bytes,
+            layout,
+        )
         for t in header.tensors.values()
     )
 
