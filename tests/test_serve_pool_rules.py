@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -59,28 +59,29 @@ def loaded_ids(pool: ModelPool) -> list[str]:
     return [entry.servable.model_id for entry in pool.loaded()]
 
 
-def test_concurrent_requests_wait_for_one_load():
-    loads = Loads()
+def acquired_together(pool: ModelPool, loads: Loads, name: str, count: int) -> list[Future]:
+    """`count` threads asking for `name` while its load is held back, then let go: they all
+    wait on the same load."""
     loads.gate.clear()
-    pool = ModelPool([servable("a")], loads)
-    with ThreadPoolExecutor(4) as threads:
-        futures = [threads.submit(pool.acquire, "a:latest") for _ in range(4)]
+    with ThreadPoolExecutor(count) as threads:
+        futures = [threads.submit(pool.acquire, name) for _ in range(count)]
         time.sleep(0.2)
         loads.gate.set()
-        entries = [f.result(10) for f in futures]
+    return futures
+
+
+def test_concurrent_requests_wait_for_one_load():
+    loads = Loads()
+    pool = ModelPool([servable("a")], loads)
+    entries = [f.result(10) for f in acquired_together(pool, loads, "a:latest", 4)]
     assert loads.count == {"a": 1}
     assert len({id(e.backend) for e in entries}) == 1 and entries[0].leases == 4
 
 
 def test_a_failed_load_answers_every_waiter_and_the_others_still_serve():
     loads = Loads(failing=("bad",))
-    loads.gate.clear()
     pool = ModelPool([servable("bad"), servable("good")], loads)
-    with ThreadPoolExecutor(3) as threads:
-        futures = [threads.submit(pool.acquire, "bad") for _ in range(3)]
-        time.sleep(0.2)
-        loads.gate.set()
-        errors = [f.exception(10) for f in futures]
+    errors = [f.exception(10) for f in acquired_together(pool, loads, "bad", 3)]
     assert loads.count == {"bad": 1}
     assert all(isinstance(e, APIError) and e.status == 500 for e in errors)
     assert all("the file is damaged" in e.message for e in errors)
