@@ -154,11 +154,6 @@ def module_quantization(
     for key in header:
         if not key.endswith(".weight") or f"{key}.scale" not in header:
             continue
-        if f"{key}.global_scale" in header:
-            raise MacspecError(
-                f"{given}: tensor {key} is nvfp4 with a global scale, which MLX's quantized "
-                "layers do not take"
-            )
         kind = metadata.get(f"{key}.quant_type") or metadata.get("quant_type") or ""
         kind = ALIASES.get(kind.lower(), kind.lower())
         if kind not in QUANT_TYPES:
