@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -110,11 +111,14 @@ def write_model(
     per_expert: bool = False,
     draft: tuple[nn.Module, dict] | None = None,
     global_scales: bool = False,
+    as_stored: Callable[[str, mx.array], mx.array] | None = None,
+    extra: dict[str, mx.array] | None = None,
 ) -> Written:
     """`model` as `ollama create --quantize base` stores it (one blob per tensor; a layer's
     experts together in one mixed blob), and the same arrays as the mlx-lm folder `reference`
     (with `global_scales`, ModelOpt's nvfp4: its tensors dequantized, the reference a float
-    model)."""
+    model). `as_stored`: an unquantized tensor as the store keeps it (Hugging Face's layout),
+    by its name; `extra`: tensors the store holds beside the model's (a target's `mtp.*`)."""
     config = {**config, "eos_token_id": 257, "bos_token_id": 256}
     layers: list[dict] = []
     ref_weights: dict[str, mx.array] = {}
@@ -128,6 +132,8 @@ def write_model(
             ref_weights[key] = dequantized(arrays, name)  # the reference: a float weight
         else:
             _add_reference(key, name, arrays, kind, ref_weights, ref_quant)
+        if as_stored is not None and kind is None:
+            arrays = {name: as_stored(name, weight)}
         metadata = blob_metadata(kind)
         if ".mlp.experts." in name and per_expert:
             layers += _per_expert_layers(store, name, weight, kind)
@@ -140,6 +146,10 @@ def write_model(
             layers.append(tensor_layer(store, name, arrays, metadata))
     for prefix, (arrays, metadata) in experts.items():
         layers.append(tensor_layer(store, f"{prefix}.mlp.experts", arrays, metadata))
+    for name, weight in (extra or {}).items():
+        kind = quant_type(name, weight.shape, base)
+        arrays = quantized_arrays(name, weight, kind) if kind else {name: weight}
+        layers.append(tensor_layer(store, name, arrays, blob_metadata(kind)))
     if draft is not None:
         layers += draft_layers(store, *draft, base)
     layers += tokenizer_layers(store, config)
