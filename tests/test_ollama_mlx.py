@@ -190,3 +190,14 @@ def test_a_global_scaled_embedding_dequantizes_its_rows_then_scales():
     assert got.dtype == mx.bfloat16 and mx.allclose(got, floats[rows], atol=1e-2)
     x = mx.random.normal((1, 32))
     assert mx.allclose(holder.embed.as_linear(x), x @ floats.T, atol=1e-4)
+
+
+def test_stacked_experts_with_global_scales_are_one_line(store, tmp_path):
+    """MLX's gather_qmm takes a global scale in its own convention (amax), not Ollama's
+    multiplier: refused, not computed wrong."""
+    from macspec.errors import MacspecError
+
+    model, config = arch_model("qwen3_moe", 1), arch_config("qwen3_moe")
+    write_model(store, "moe:nv", model, config, "nvfp4", tmp_path / "r", global_scales=True)
+    with pytest.raises(MacspecError, match="switch_mlp.* nvfp4 global scale are not supported"):
+        load_model(hub.local_model_path("moe:nv"), "model")

@@ -57,7 +57,8 @@ _SCALED = {nn.QuantizedLinear: GlobalScaledLinear, nn.QuantizedEmbedding: Global
 
 
 def _takes_global_scale(module: nn.Module) -> bool:
-    """Whether a layer's own quantized form holds a global scale (mlx-lm's switch layers)."""
+    """Whether a layer's own quantized form holds a global scale (mlx-lm's switch layers, in
+    MLX's convention: the tensor's amax, 6 * 448 times Ollama's stored multiplier)."""
     return "global_scale" in inspect.signature(module.to_quantized).parameters
 
 
@@ -97,8 +98,10 @@ def quantize_as_saved(
                 return False
             settings = infer_quant_config(path, layer, weights)
         if f"{path}.global_scale" in weights:
-            if _takes_global_scale(layer):
-                return {**settings, "global_scale": True}
+            if _takes_global_scale(layer):  # MLX's gather_qmm takes amax, not the multiplier
+                raise MacspecError(
+                    f"{path}: stacked experts with an nvfp4 global scale are not supported yet"
+                )
             scaled.append(path)
         return settings
 
