@@ -123,6 +123,10 @@ class Architecture:
         """A tensor that configures the model rather than being one of its weights."""
         return False
 
+    def is_unused(self, name: str, header: GGUFHeader) -> bool:
+        """A tensor of the file that the text model macspec builds does not read (an MTP layer)."""
+        return False
+
     def notices(self, header: GGUFHeader) -> list[str]:
         """What the user should know about the file that is not an error (a part not used)."""
         return []
