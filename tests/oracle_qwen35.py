@@ -25,7 +25,6 @@ SHAPE = (
     "num_attention_heads",
     "num_key_value_heads",
     "head_dim",
-    "intermediate_size",
 )
 LINEAR = dict(
     linear_num_key_heads=2,
@@ -48,15 +47,22 @@ def write_parameters(writer, config: dict) -> None:
     writer.add_block_count(layers + mtp)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
+    if "intermediate_size" in config:  # Qwen3.5 MoE's has none
+        writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_rope_dimension_sections([*rope["mrope_section"], 0])
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if "num_experts" in config:
+        writer.add_expert_count(config["num_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    if "num_experts" in config:  # Qwen2MoeModel.set_gguf_parameters
+        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     writer.add_nextn_predict_layers(mtp)
     writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
     writer.add_ssm_state_size(config["linear_key_head_dim"])
@@ -64,7 +70,7 @@ def write_parameters(writer, config: dict) -> None:
     writer.add_ssm_time_step_rank(config["linear_num_value_heads"])
     writer.add_ssm_inner_size(config["linear_value_head_dim"] * config["linear_num_value_heads"])
     recurrent = [kind == "linear_attention" for kind in config["layer_types"]] + [False] * mtp
-    writer.add_array("qwen35.attention.recurrent_layers", recurrent)  # add_recurrent_layers
+    writer.add_array(f"{writer.arch}.attention.recurrent_layers", recurrent)  # add_recurrent_layers
     writer.add_full_attention_interval(config["full_attention_interval"])
     writer.add_rope_dimension_count(int(config["head_dim"] * rope["partial_rotary_factor"]))
 
@@ -83,7 +89,7 @@ def hf_weights(config: dict, seed: int) -> Iterator[tuple[str, np.ndarray]]:
     """The checkpoint's text tensors, the MTP layer's already named as _QwenMtpMixin's
     filter_tensors renames them (`mtp.layers.0` -> the block after the decoder's)."""
     rng = np.random.RandomState(seed)
-    hidden, heads, kv_heads, head_dim, ff = (config[k] for k in SHAPE)
+    hidden, heads, kv_heads, head_dim = (config[k] for k in SHAPE)
     layers = config["num_hidden_layers"]
     k_heads, v_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
     key_dim = k_heads * config["linear_key_head_dim"]
@@ -120,9 +126,27 @@ def hf_weights(config: dict, seed: int) -> Iterator[tuple[str, np.ndarray]]:
             yield f"{attn}.out_proj.weight", matrix(hidden, value_dim, RESIDUAL_GAIN)
         else:
             yield from attention(layer)
-        yield f"{layer}.mlp.gate_proj.weight", matrix(ff, hidden)
-        yield f"{layer}.mlp.up_proj.weight", matrix(ff, hidden)
-        yield f"{layer}.mlp.down_proj.weight", matrix(hidden, ff, RESIDUAL_GAIN)
+        if "num_experts" in config:
+            yield from experts(f"{layer}.mlp")
+        else:
+            yield from mlp(f"{layer}.mlp", config["intermediate_size"])
+
+    def mlp(prefix: str, ff: int) -> Iterator[tuple[str, np.ndarray]]:
+        yield f"{prefix}.gate_proj.weight", matrix(ff, hidden)
+        yield f"{prefix}.up_proj.weight", matrix(ff, hidden)
+        yield f"{prefix}.down_proj.weight", matrix(hidden, ff, RESIDUAL_GAIN)
+
+    def experts(prefix: str) -> Iterator[tuple[str, np.ndarray]]:
+        """Qwen3.5 MoE's: a router, the experts fused ([E, 2 ff, hidden] gate first, [E,
+        hidden, ff]), a shared expert and its gate."""
+        count, ff = config["num_experts"], config["moe_intermediate_size"]
+        yield f"{prefix}.gate.weight", matrix(count, hidden, 4.0)  # decided routes
+        gate_up = np.stack([matrix(2 * ff, hidden) for _ in range(count)])
+        yield f"{prefix}.experts.gate_up_proj", gate_up
+        down = np.stack([matrix(hidden, ff, RESIDUAL_GAIN) for _ in range(count)])
+        yield f"{prefix}.experts.down_proj", down
+        yield from mlp(f"{prefix}.shared_expert", config["shared_expert_intermediate_size"])
+        yield f"{prefix}.shared_expert_gate.weight", matrix(1, hidden)
 
     yield "model.embed_tokens.weight", matrix(config["vocab_size"], hidden, np.sqrt(hidden))
     for i, kind in enumerate(config["layer_types"]):
@@ -149,6 +173,20 @@ def converted(config: dict, seed: int) -> Iterator[tuple[str, np.ndarray]]:
     k_heads, v_heads = config["linear_num_key_heads"], config["linear_num_value_heads"]
     key_rows = 2 * k_heads * config["linear_key_head_dim"]
     for name, array in hf_weights(config, seed):
+        if name.endswith(".experts.down_proj"):  # Qwen2MoeModel.modify_tensors
+            yield f"{name}.weight", array
+            continue
+        if name.endswith(".experts.gate_up_proj"):
+            half = array.shape[1] // 2
+            yield (
+                name.replace("gate_up_proj", "gate_proj.weight"),
+                np.ascontiguousarray(array[:, :half]),
+            )
+            yield (
+                name.replace("gate_up_proj", "up_proj.weight"),
+                np.ascontiguousarray(array[:, half:]),
+            )
+            continue
         if ".linear_attn." in name:
             if ".in_proj_qkv." in name or ".conv1d." in name:
                 array = array.squeeze() if ".conv1d." in name else array

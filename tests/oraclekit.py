@@ -143,6 +143,14 @@ ARCHS["qwen35"] = TinyArch(  # Qwen3.5's shape: linear, full, linear; an MTP lay
     ),
     seed=10,  # 62's smallest top-2 gap is 0.0035, below twice this file's tolerance
 )
+ARCHS["qwen35moe"] = TinyArch(  # Qwen3.5-35B-A3B's shape: experts, a shared expert, no dense MLP
+    "qwen35moe",
+    {
+        **{k: v for k, v in ARCHS["qwen35"].config.items() if k != "intermediate_size"},
+        **dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+        "shared_expert_intermediate_size": 32,
+    },
+)
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
@@ -157,7 +165,7 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
     if arch == "phi3":
         _write_phi3_parameters(writer, config)
         return
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen35moe"):
         oracle_qwen35.write_parameters(writer, config)
         return
     writer.add_block_count(config["num_hidden_layers"])
@@ -241,7 +249,7 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     kind = gguf.MODEL_ARCH[arch.upper().replace("-", "_")]
     blocks = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
     names = gguf.get_tensor_name_map(kind, blocks)
-    qwen35 = arch == "qwen35"
+    qwen35 = arch in ("qwen35", "qwen35moe")
     tensors = oracle_qwen35.converted(config, seed) if qwen35 else converted(config, arch, seed)
     for hf_name, array in tensors:
         if qwen35:

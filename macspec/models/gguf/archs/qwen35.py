@@ -25,7 +25,13 @@ from typing import Any
 import mlx.core as mx
 
 from macspec.errors import MacspecError
-from macspec.models.gguf.archs.base import LAYER_NAMES, Architecture, Metadata
+from macspec.models.gguf.archs.base import (
+    EXPERT_NAMES,
+    LAYER_NAMES,
+    Architecture,
+    Metadata,
+    routed_experts,
+)
 from macspec.models.gguf.header import GGUFHeader
 
 LINEAR_NAMES = {
@@ -42,6 +48,12 @@ PREFIX = "language_model."
 """mlx-lm's qwen3_5 wraps the text model (a vision model's place beside it)."""
 PARAMETERS = {"ssm_a": "linear_attn.A_log", "ssm_dt.bias": "linear_attn.dt_bias"}
 """Arrays of the module, not a sub-module's weight: their GGUF names have no `.weight`."""
+SHARED_EXPERT_NAMES = {
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
 TILED_ROWS = ("attn_gate", "ssm_alpha", "ssm_beta", "ssm_a", "ssm_dt")
 
 
@@ -136,3 +148,32 @@ def _check_layer_types(header: GGUFHeader, key: Metadata, layers: int, interval:
             f"{header.path}: its linear and full attention layers are not one full layer "
             f"every {interval}, which is all mlx-lm's qwen3_5 builds"
         )
+
+
+class Qwen35Moe(Qwen35):
+    """qwen35moe (Qwen3.5-35B-A3B, Qwen3.6 MoE) as mlx-lm's `qwen3_5_moe`: qwen35's layers with
+    a sparse MLP. Qwen2MoeModel (the converter's base) splits the checkpoint's fused
+    `experts.gate_up_proj` (gate first) and stores each projection's experts as [experts, out,
+    in], mlx-lm's SwitchGLU layout; the shared expert and its sigmoid gate are `*_shexp`.
+    llama.cpp's graph (src/models/qwen35moe.cpp) routes by softmax, renormalizes the top-k
+    weights, and makes every layer sparse."""
+
+    name, model_type = "qwen35moe", "qwen3_5_moe"
+    layer_names = {**QWEN35_NAMES, **EXPERT_NAMES, **SHARED_EXPERT_NAMES}
+
+    def feed_forward_length(self, key: Metadata) -> int:
+        return int(key("feed_forward_length", 0))
+
+    def extra_config(
+        self, header: GGUFHeader, key: Metadata, config: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            **super().extra_config(header, key, config),
+            **routed_experts(key),
+            "shared_expert_intermediate_size": int(key("expert_shared_feed_forward_length")),
+        }
+
+    def undo(self, name: str, value: mx.array, config: dict[str, Any]) -> mx.array:
+        if ".ffn_gate_inp_shexp." in name and value.ndim == 1:  # one gate value per token
+            return value[None]
+        return super().undo(name, value, config)
