@@ -5,6 +5,7 @@ carries is named as not used."""
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 from oraclekit import rebuilt, write_tiny_gguf
 
@@ -13,10 +14,12 @@ from macspec.engine.policy.length import FixedPolicy
 from macspec.models import hub
 from macspec.models.build import build_engine, make_drafter
 from macspec.models.gguf.archs import notices
+from macspec.models.gguf.archs.qwen35 import Qwen35
 from macspec.models.gguf.header import read_header
 from macspec.models.resolved import ResolvedModels
 
 MAX_TOKENS = 12
+PARTS = ("weight", "scales", "biases")
 PROMPT = [9707, 11, 1879, 0, 358, 1079, 264, 1273, 9707, 11, 1879, 0]
 
 
@@ -59,3 +62,20 @@ def test_drafted_greedy_is_the_targets_own(models, kind):
 def test_the_mtp_layer_is_named_as_not_used(models):
     target, _ = models
     assert any("MTP" in line for line in notices(read_header(target)))
+
+
+@pytest.mark.parametrize("bits, group_size", [(4, 32), (8, 64), (6, 64)])
+def test_quantized_out_projection_columns_are_ungrouped_as_the_floats(bits, group_size):
+    """ssm_out's columns are value heads: in the compact layout they stay packed, and whole
+    groups of each head's columns (128 wide in Qwen3.5) move as its floats would."""
+    k_heads, v_heads, head_dim = 2, 4, 128
+    floats = mx.random.normal((16, v_heads * head_dim), key=mx.random.key(0))
+    config = {"linear_num_key_heads": k_heads, "linear_num_value_heads": v_heads}
+    config["linear_key_head_dim"] = head_dim
+    arch, name = Qwen35(), "blk.0.ssm_out"
+    packed = mx.quantize(floats, group_size=group_size, bits=bits)
+    moved = [arch.undo(f"{name}.{kind}", part, config) for kind, part in zip(PARTS, packed)]
+    expected = mx.quantize(arch.undo(f"{name}.weight", floats, config), group_size, bits)
+    for ours, theirs in zip(moved, expected, strict=True):
+        assert mx.array_equal(ours, theirs)
+    assert not mx.array_equal(moved[0], packed[0])  # the heads did move
