@@ -100,7 +100,7 @@ class Qwen35(Architecture):
 
     def notices(self, header: GGUFHeader) -> list[str]:
         if int(Metadata(header)("nextn_predict_layers", 0)):
-            return ["its MTP layer is not used yet (from a GGUF file, macspec drafts without it)"]
+            return ["its MTP layer is not used yet: a GGUF target drafts by lookup or draft model"]
         return []
 
     def undo(self, name: str, value: mx.array, config: dict[str, Any]) -> mx.array:
