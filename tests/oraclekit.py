@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import oracle_qwen35
 from ggufkit import hf_tokenizer_writer
 from oracletensors import LLAMA_FAMILY, VISION, converted, ollama_vision_tensors
 from toolkit import qwen3_files
@@ -127,6 +128,29 @@ ARCHS["gpt-oss"] = TinyArch(  # gpt-oss-20b's shape, float experts (a bf16 check
         tie_word_embeddings=False,
     ),
 )
+ARCHS["qwen35"] = TinyArch(  # Qwen3.5's shape: linear, full, linear; an MTP layer after them
+    "qwen35",
+    dict(
+        _BASE,
+        num_hidden_layers=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        full_attention_interval=2,
+        head_dim=16,
+        **oracle_qwen35.LINEAR,
+        rope_parameters=oracle_qwen35.ROPE,
+        mtp_num_hidden_layers=1,
+        tie_word_embeddings=False,
+    ),
+    seed=10,  # 62's smallest top-2 gap is 0.0035, below twice this file's tolerance
+)
+ARCHS["qwen35moe"] = TinyArch(  # Qwen3.5-35B-A3B's shape: experts, a shared expert, no dense MLP
+    "qwen35moe",
+    {
+        **{k: v for k, v in ARCHS["qwen35"].config.items() if k != "intermediate_size"},
+        **dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+        "shared_expert_intermediate_size": 32,
+    },
+)
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
@@ -140,6 +164,9 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
 
     if arch == "phi3":
         _write_phi3_parameters(writer, config)
+        return
+    if arch in ("qwen35", "qwen35moe"):
+        oracle_qwen35.write_parameters(writer, config)
         return
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
@@ -220,9 +247,15 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     _write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
     kind = gguf.MODEL_ARCH[arch.upper().replace("-", "_")]
-    names = gguf.get_tensor_name_map(kind, config["num_hidden_layers"])
-    for hf_name, array in converted(config, arch, seed):
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    blocks = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
+    names = gguf.get_tensor_name_map(kind, blocks)
+    qwen35 = arch in ("qwen35", "qwen35moe")
+    tensors = oracle_qwen35.converted(config, seed) if qwen35 else converted(config, arch, seed)
+    for hf_name, array in tensors:
+        if qwen35:
+            gguf_name = oracle_qwen35.gguf_name(names, hf_name)
+        else:
+            gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if spec.mxfp4_experts and gguf_name.endswith("_exps.weight"):
             mxfp4 = gguf.GGMLQuantizationType.MXFP4
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, mxfp4), raw_dtype=mxfp4)

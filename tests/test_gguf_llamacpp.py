@@ -21,6 +21,8 @@ SUPPORTED = [
     "qwen3moe",
     "phi3",
     "gpt-oss",
+    "qwen35",
+    "qwen35moe",
 ]
 """The tiny files macspec reads (gemma3-ollama: Ollama's file with its vision tower, which
 llama.cpp refuses; its answer was recorded on the same text model as llama.cpp's converter

@@ -12,11 +12,23 @@ from macspec.models.gguf.archs.llama import Llama, Mistral3
 from macspec.models.gguf.archs.phi3 import Phi3
 from macspec.models.gguf.archs.qwen import Qwen2, Qwen3
 from macspec.models.gguf.archs.qwen3moe import Qwen3Moe
+from macspec.models.gguf.archs.qwen35 import Qwen35, Qwen35Moe
 from macspec.models.gguf.header import GGUFHeader
 
 ARCHITECTURES: dict[str, Architecture] = {
     arch.name: arch
-    for arch in (Llama(), Mistral3(), Qwen2(), Qwen3(), Qwen3Moe(), Gemma3(), Phi3(), GptOss())
+    for arch in (
+        Llama(),
+        Mistral3(),
+        Qwen2(),
+        Qwen3(),
+        Qwen3Moe(),
+        Gemma3(),
+        Phi3(),
+        GptOss(),
+        Qwen35(),
+        Qwen35Moe(),
+    )
 }
 """GGUF's `general.architecture` -> how macspec reads it."""
 
