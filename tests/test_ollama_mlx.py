@@ -16,7 +16,9 @@ from storekit import OllamaStore
 from tiny import arch_config, arch_model
 
 from macspec.models import hub
+from macspec.models.build import drafter_folders
 from macspec.models.loader import load_model
+from macspec.models.resolved import ResolvedModels
 
 PROMPT = [5, 72, 101, 108, 108, 111, 32, 119]
 
@@ -125,12 +127,15 @@ def test_a_carried_dflash_draft_drafts_losslessly(store, tmp_path, capsys):
 
     base = ["run", "The quick brown fox", "--model", "tiny:dflash", "--json", "--max-tokens", "16"]
     plain = json.loads(run(capsys, *base, "--no-draft")[1])
-    for draft_flag, name in (("dflash", "dflash"), ("auto", "auto")):
+    for draft_flag in ("dflash", "auto"):
         code, out, err = run(capsys, *base, "--draft", draft_flag, "-k", "3")
         assert code == 0, err
         record = json.loads(out)
-        assert record["drafter"] == name and record["tokens"] == plain["tokens"]
-        assert record["stats"]["draft_proposed"] > 0
+        assert record["drafter"] == draft_flag and record["tokens"] == plain["tokens"]
+        if draft_flag == "dflash":  # auto drafts only while its measured price says it pays
+            assert record["stats"]["draft_proposed"] > 0
+    resolved = ResolvedModels(folder, None, "tiny:dflash", None, None)
+    assert set(drafter_folders(resolved, "auto")) == {"dflash"}  # auto is offered the draft
 
 
 def test_modules_a_sanitize_renamed_are_quantized_as_their_arrays_say(store, tmp_path):

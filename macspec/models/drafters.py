@@ -19,8 +19,7 @@ import mlx.core as mx
 
 from macspec.errors import MacspecError
 from macspec.models.heads import load_into, quantize_like, read_config, read_weights, text_config
-from macspec.models.stores.ollama_entry import tensor_entry
-from macspec.models.stores.ollama_mtp import CENTRED_NORMS
+from macspec.models.stores.ollama_entry import CENTRED_NORMS, tensor_entry
 
 MTP_TYPE = "qwen3_5_mtp"
 GENERIC_MTP_TYPE = "mtp"

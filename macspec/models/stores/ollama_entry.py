@@ -11,6 +11,8 @@ from typing import Any
 
 ENTRY = "ollama_mlx"
 """config.json's entry naming the blobs the weights are read from: {"manifest", "blobs"}."""
+CENTRED_NORMS = "centred_norms"
+"""The entry's flag: the head's RMSNorm weights are Hugging Face's (1 + w), shifted once on load."""
 
 
 DRAFT_CONFIG = "draft/config.json"

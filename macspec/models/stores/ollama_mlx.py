@@ -213,7 +213,8 @@ def tensor_folder(data: dict[str, Any], manifest: Path, root: Path, given: str) 
     if (folder / "config.json").is_file():
         return folder
     config = read_config(jsons, given)
-    mtp = mtp_config(tensors, config, manifest, given)  # from the config as Ollama keeps it
+    # from the config as Ollama keeps it
+    mtp = mtp_config(tensors, config, manifest, given, quantization)
     quantized = quantization(tensors, given)
     if quantized is not None:
         config["quantization"] = quantized

@@ -5,14 +5,18 @@ the same blobs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from macspec.models.stores.ollama_entry import CENTRED_NORMS, ENTRY
+
+Quantization = Callable[[dict[str, Path], str, str], dict[str, Any] | None]
+"""ollama_mlx.quantization: mlx-lm's quantization config for the blobs of one prefix."""
 
 MTP_PREFIX = "mtp."
 MTP_CONFIG = "mtp/config.json"
 """Where the derived folder keeps the head's config (its weights stay in the store's blobs)."""
-CENTRED_NORMS = "centred_norms"
-"""The entry's flag: the head's RMSNorm weights are Hugging Face's (1 + w), shifted once on load."""
 
 
 def _text(config: dict[str, Any]) -> dict[str, Any]:
@@ -31,15 +35,17 @@ def carries_mtp(tensors: dict[str, Path], config: dict[str, Any]) -> bool:
 
 
 def mtp_config(
-    tensors: dict[str, Path], config: dict[str, Any], manifest: Path, given: str
+    tensors: dict[str, Path],
+    config: dict[str, Any],
+    manifest: Path,
+    given: str,
+    quantization: Quantization,
 ) -> dict[str, Any] | None:
     """The config.json of the MTP drafter folder for a target's own `mtp.*` tensors (the
     format a converted checkpoint's head has), naming their blobs; None without a head."""
     if not carries_mtp(tensors, config):
         return None
     from macspec.models.drafters import mtp_head_config
-    from macspec.models.stores.ollama_entry import ENTRY
-    from macspec.models.stores.ollama_mlx import quantization
 
     heads = {k: v for k, v in tensors.items() if k.startswith(MTP_PREFIX)}
     head = mtp_head_config(config)
