@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 from ggufkit import hf_tokenizer_writer
-from oracletensors import LLAMA_FAMILY, VISION, converted, ollama_vision_tensors
+from oracletensors import (
+    LLAMA_FAMILY,
+    VISION,
+    converted,
+    ollama_vision_tensors,
+    phi3_longrope_factors,
+)
 from toolkit import qwen3_files
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
@@ -100,6 +107,15 @@ ARCHS["phi3"] = TinyArch(  # Phi-4-mini's shape: GQA, partial rotary, tied, no s
         partial_rotary_factor=0.75,
         original_max_position_embeddings=4096,
         tie_word_embeddings=True,
+    ),
+)
+ARCHS["phi3-longrope"] = TinyArch(  # Phi-3.5-mini / Phi-4-mini: LongRoPE factors, 128k of 4k
+    "phi3",
+    dict(
+        ARCHS["phi3"].config,
+        max_position_embeddings=131_072,
+        # 3 pairs: rope.dimension_count is 6
+        rope_scaling=dict(rope_type="longrope", type="longrope", **phi3_longrope_factors(3)),
     ),
 )
 ARCHS["mistral3"] = TinyArch(  # Mistral Small 3.1/3.2, Devstral: LlamaModel under another name
@@ -204,6 +220,11 @@ def _write_phi3_parameters(writer, config: dict) -> None:
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_sliding_window(0)
+    scaling = config.get("rope_scaling")
+    if scaling:  # Phi3MiniModel.generate_extra_tensors: LongRoPE's attention factor
+        scale = config["max_position_embeddings"] / config["original_max_position_embeddings"]
+        orig = config["original_max_position_embeddings"]
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
 
 
 def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
@@ -222,7 +243,11 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     kind = gguf.MODEL_ARCH[arch.upper().replace("-", "_")]
     names = gguf.get_tensor_name_map(kind, config["num_hidden_layers"])
     for hf_name, array in converted(config, arch, seed):
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        gguf_name = (
+            hf_name  # generate_extra_tensors names them in gguf's own terms already
+            if hf_name.startswith("rope_factors_")
+            else names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        )
         if spec.mxfp4_experts and gguf_name.endswith("_exps.weight"):
             mxfp4 = gguf.GGMLQuantizationType.MXFP4
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, mxfp4), raw_dtype=mxfp4)

@@ -20,6 +20,7 @@ SUPPORTED = [
     "gemma3-ollama",
     "qwen3moe",
     "phi3",
+    "phi3-longrope",
     "gpt-oss",
 ]
 """The tiny files macspec reads (gemma3-ollama: Ollama's file with its vision tower, which
