@@ -21,6 +21,11 @@ from pathlib import Path
 
 import numpy as np
 from ggufkit import hf_tokenizer_writer
+from oracle_granite import (
+    GRANITE_HYBRID,
+    granite_hybrid_converted,
+    write_granite_hybrid_parameters,
+)
 from oracletensors import (
     LLAMA_FAMILY,
     VISION,
@@ -143,6 +148,9 @@ ARCHS["gpt-oss"] = TinyArch(  # gpt-oss-20b's shape, float experts (a bf16 check
         tie_word_embeddings=False,
     ),
 )
+ARCHS["granitehybrid"] = TinyArch(  # Granite 4.0 H: Mamba2 and attention layers (no rope)
+    "granitehybrid", dict(GRANITE_HYBRID, vocab_size=QWEN3_VOCAB)
+)
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
@@ -156,6 +164,9 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
 
     if arch == "phi3":
         _write_phi3_parameters(writer, config)
+        return
+    if arch == "granitehybrid":
+        write_granite_hybrid_parameters(writer, config)
         return
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
@@ -240,12 +251,17 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     writer.add_name(name)
     _write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
-    kind = gguf.MODEL_ARCH[arch.upper().replace("-", "_")]
+    kind = next(kind for kind, known in gguf.MODEL_ARCH_NAMES.items() if known == arch)
     names = gguf.get_tensor_name_map(kind, config["num_hidden_layers"])
-    for hf_name, array in converted(config, arch, seed):
+    tensors = (
+        granite_hybrid_converted(config, seed)
+        if arch == "granitehybrid"
+        else converted(config, arch, seed)
+    )
+    for hf_name, array in tensors:
         gguf_name = (
             hf_name  # generate_extra_tensors names them in gguf's own terms already
-            if hf_name.startswith("rope_factors_")
+            if hf_name.startswith(("rope_factors_", "blk."))
             else names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         )
         if spec.mxfp4_experts and gguf_name.endswith("_exps.weight"):

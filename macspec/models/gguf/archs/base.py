@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.header import GGUFHeader
@@ -42,6 +43,12 @@ TOP_NAMES: Mapping[str, str] = {
 }
 _LAYER = re.compile(r"blk\.(\d+)\.([a-z_0-9]+)\.(weight|bias|scales|biases)")
 _TOP = re.compile(r"([a-z_0-9]+)\.(weight|bias|scales|biases)")
+
+
+def _largest(count: Any) -> int:
+    """A count the file gives once or per layer (a hybrid's KV heads: 0 on its recurrent
+    layers): the attention layers' own."""
+    return int(np.max(count))
 
 
 class Metadata:
@@ -86,7 +93,7 @@ class Architecture:
             "num_hidden_layers": int(key("block_count")),
             "intermediate_size": int(key("feed_forward_length")),
             "num_attention_heads": heads,
-            "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+            "num_key_value_heads": _largest(key("attention.head_count_kv", heads)),
             "head_dim": int(key("attention.key_length", hidden // heads)),
             "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
             "vocab_size": int(embed.shape[0]),
