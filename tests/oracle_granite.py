@@ -46,6 +46,15 @@ GRANITE_HYBRID = dict(
 )
 
 
+GRANITE_HYBRID_MOE = dict(
+    GRANITE_HYBRID,
+    intermediate_size=32,  # each routed expert's; the shared expert keeps 64
+    num_local_experts=4,
+    num_experts_per_tok=2,
+)
+"""Granite 4.0 H Tiny's and Small's shape: routed experts beside a shared one in every layer."""
+
+
 def write_granite_hybrid_parameters(writer, config: dict) -> None:
     """GraniteHybridModel.set_gguf_parameters: GraniteMoeModel's (TextModel's, LlamaModel's,
     the Granite multipliers), then the Mamba2 mixer's, a per-layer KV head count, no rope."""
@@ -118,6 +127,14 @@ def granite_hybrid_weights(config: dict, seed: int) -> Iterator[tuple[str, np.nd
             o = matrix(hidden, heads * head_dim, RESIDUAL_GAIN)
             yield f"{layer}.self_attn.o_proj.weight", o
         yield f"{layer}.post_attention_layernorm.weight", near(1.0, hidden)
+        if config["num_local_experts"]:
+            experts, expert_ff = config["num_local_experts"], config["intermediate_size"]
+            moe = f"{layer}.block_sparse_moe"
+            yield f"{moe}.router.layer.weight", matrix(experts, hidden, 4.0)  # decided routes
+            stacked = [matrix(2 * expert_ff, hidden) for _ in range(experts)]
+            yield f"{moe}.input_linear.weight", np.stack(stacked)
+            stacked = [matrix(hidden, expert_ff, RESIDUAL_GAIN) for _ in range(experts)]
+            yield f"{moe}.output_linear.weight", np.stack(stacked)
         yield f"{layer}.shared_mlp.input_linear.weight", matrix(2 * ff, hidden)
         yield f"{layer}.shared_mlp.output_linear.weight", matrix(hidden, ff, RESIDUAL_GAIN)
     yield "model.norm.weight", near(1.0, hidden)
@@ -144,12 +161,16 @@ def granite_hybrid_converted(config: dict, seed: int) -> Iterator[tuple[str, np.
             array = llama_permute(array, heads)
         elif name.endswith("k_proj.weight"):
             array = llama_permute(array, kv_heads)
-        if name.endswith("shared_mlp.input_linear.weight"):  # dense: gate, then up
-            gate, up = np.split(array, 2)
-            yield f"blk.{bid}.ffn_gate.weight", np.ascontiguousarray(gate)
-            yield f"blk.{bid}.ffn_up.weight", np.ascontiguousarray(up)
+        # GraniteMoeModel: fused inputs split, gate first; the shared MLP is the FFN of a dense
+        # model and the shared expert (`_shexp`) of one with experts
+        shared = "_shexp" if config["num_local_experts"] else ""
+        if name.endswith("input_linear.weight"):
+            gate, up = np.split(array, 2, axis=-2)
+            exps = "_exps" if "block_sparse_moe" in name else shared
+            yield f"blk.{bid}.ffn_gate{exps}.weight", np.ascontiguousarray(gate)
+            yield f"blk.{bid}.ffn_up{exps}.weight", np.ascontiguousarray(up)
             continue
         if name.endswith("shared_mlp.output_linear.weight"):
-            yield f"blk.{bid}.ffn_down.weight", array
+            yield f"blk.{bid}.ffn_down{shared}.weight", array
             continue
         yield name, np.ascontiguousarray(array)

@@ -23,6 +23,7 @@ import numpy as np
 from ggufkit import hf_tokenizer_writer
 from oracle_granite import (
     GRANITE_HYBRID,
+    GRANITE_HYBRID_MOE,
     granite_hybrid_converted,
     write_granite_hybrid_parameters,
 )
@@ -150,6 +151,9 @@ ARCHS["gpt-oss"] = TinyArch(  # gpt-oss-20b's shape, float experts (a bf16 check
 )
 ARCHS["granitehybrid"] = TinyArch(  # Granite 4.0 H: Mamba2 and attention layers (no rope)
     "granitehybrid", dict(GRANITE_HYBRID, vocab_size=QWEN3_VOCAB)
+)
+ARCHS["granitehybrid-moe"] = TinyArch(  # Granite 4.0 H Tiny, Small: experts and a shared one
+    "granitehybrid", dict(GRANITE_HYBRID_MOE, vocab_size=QWEN3_VOCAB)
 )
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)

@@ -15,9 +15,11 @@ from macspec.engine.drafters.lookup import LookupDrafter
 from macspec.engine.drafters.model import ModelDrafter
 from macspec.engine.generate.loop import Engine, GenerationConfig
 from macspec.engine.policy.length import FixedPolicy
+from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.build import build_engine
 from macspec.models.catalog import ResolvedModels
+from macspec.models.gguf.archs.granite_hybrid import GraniteHybrid
 from macspec.models.loader import load_model
 
 MAX_TOKENS = 24
@@ -69,3 +71,17 @@ def test_drafted_greedy_answers_are_the_targets_own(granite, kind):
     # guesses were made, and some refused: the recurrent states were rolled back
     assert 0 < done.stats.draft_accepted or kind == "lookup"
     assert done.stats.draft_proposed > done.stats.draft_accepted
+
+
+def test_the_shared_experts_halves_are_joined_gate_first_or_refused_in_one_line():
+    arch = GraniteHybrid()
+    gate, up = mx.zeros((2, 8)), mx.ones((2, 8))
+    joined = arch.fused({"blk.3.ffn_gate_shexp.weight": gate, "blk.3.ffn_up_shexp.weight": up})
+    assert list(joined) == ["blk.3.ffn_gate_up_shexp.weight"]
+    assert joined["blk.3.ffn_gate_up_shexp.weight"].tolist() == [[0.0] * 8] * 2 + [[1.0] * 8] * 2
+    assert arch.mlx_name("blk.3.ffn_gate_up_shexp.weight") == (
+        "model.layers.3.shared_mlp.input_linear.weight"
+    )
+    mixed = {"blk.3.ffn_gate_shexp.weight": gate, "blk.3.ffn_up_shexp.weight": up[:, :4]}
+    with pytest.raises(MacspecError, match="stored in different types"):
+        arch.fused(mixed)

@@ -23,6 +23,7 @@ SUPPORTED = [
     "phi3-longrope",
     "gpt-oss",
     "granitehybrid",
+    "granitehybrid-moe",
 ]
 """The tiny files macspec reads (gemma3-ollama: Ollama's file with its vision tower, which
 llama.cpp refuses; its answer was recorded on the same text model as llama.cpp's converter

@@ -134,6 +134,11 @@ class Architecture:
         """What the user should know about the file that is not an error (a part not used)."""
         return []
 
+    def fused(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """The file's tensors (by GGUF name) with those mlx-lm holds in one module joined, under
+        a name `mlx_name` maps to it (the converter split them)."""
+        return weights
+
     def undo(self, name: str, value: mx.array, config: dict[str, Any]) -> mx.array:
         """The tensor as the original checkpoint held it: the converter's change undone."""
         return value

@@ -9,8 +9,11 @@ gated norm is stored grouped [groups, d_inner / groups], Q and K rows are permut
 permutes them, and `ssm_dt.bias` is mlx-lm's `dt_bias`. The Granite multipliers are the
 `embedding_scale`, `attention.scale`, `residual_scale` and `logit_scale` keys;
 `rope.scaling.finetuned` false (Granite 4.0 H) means no rope. llama.cpp does not clamp dt
-(mlx-lm's default clamps it to [0.001, 100]), so the limit is opened. Granite 4.0 H's MoE files
-(Tiny, Small: a shared expert stored split) are one line: not read yet.
+(mlx-lm's default clamps it to [0.001, 100]), so the limit is opened. Tiny and Small add routed
+experts (stacked [experts, out, in], gate and up apart: mlx-lm's SwitchGLU layout) and a shared
+expert, whose gate and up the converter split and mlx-lm holds in one `input_linear` (joined
+again here, gate first); llama.cpp routes by softmax, then renormalizes the top k, which is
+mlx-lm's softmax over the top k logits.
 """
 
 from __future__ import annotations
@@ -26,6 +29,16 @@ from macspec.models.gguf.archs.base import LAYER_NAMES, Metadata
 from macspec.models.gguf.archs.llama import Llama
 from macspec.models.gguf.header import GGUFHeader
 
+MOE_NAMES = {
+    "ffn_gate_inp": "block_sparse_moe.router.layer",
+    "ffn_gate_exps": "block_sparse_moe.switch_mlp.gate_proj",
+    "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
+    "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
+    "ffn_gate_shexp": "shared_mlp.input_linear",
+    "ffn_up_shexp": "shared_mlp.input_linear",
+    "ffn_gate_up_shexp": "shared_mlp.input_linear",  # the two above, joined by `fused`
+    "ffn_down_shexp": "shared_mlp.output_linear",
+}
 SSM_NAMES = {
     "ssm_in": "mamba.in_proj",
     "ssm_conv1d": "mamba.conv1d",
@@ -39,16 +52,11 @@ SSM_VECTORS = {"ssm_a": "mamba.A_log", "ssm_d": "mamba.D", "ssm_dt.bias": "mamba
 
 class GraniteHybrid(Llama):
     name, model_type = "granitehybrid", "granitemoehybrid"
-    layer_names = {**LAYER_NAMES, **SSM_NAMES}
+    layer_names = {**LAYER_NAMES, **SSM_NAMES, **MOE_NAMES}
 
     def extra_config(
         self, header: GGUFHeader, key: Metadata, config: dict[str, Any]
     ) -> dict[str, Any]:
-        if int(key("expert_count", 0)):
-            raise MacspecError(
-                f"{header.path}: Granite 4.0 H with experts (Tiny, Small) is not read yet; "
-                "its dense Micro is"
-            )
         if int(key("ssm.group_count")) != 1:  # mlx-lm's gated norm is over d_inner whole
             raise MacspecError(f"{header.path}: a Mamba2 norm of several groups is not read yet")
         kv = np.asarray(key("attention.head_count_kv")).reshape(-1)  # 0: a Mamba layer
@@ -57,8 +65,7 @@ class GraniteHybrid(Llama):
         tensors = header.tensors
         return {
             "layer_types": ["attention" if n else "mamba" for n in kv_heads],
-            "intermediate_size": int(key("expert_shared_feed_forward_length", 0))
-            or config["intermediate_size"],
+            **self._feed_forward(key, config),
             "attention_bias": any(name.endswith("attn_q.bias") for name in tensors),
             "embedding_multiplier": float(key("embedding_scale", 0.0)) or 1.0,
             "attention_multiplier": float(key("attention.scale", 0.0))
@@ -75,6 +82,35 @@ class GraniteHybrid(Llama):
             "mamba_conv_bias": any(name.endswith("ssm_conv1d.bias") for name in tensors),
             "time_step_limit": [0.0, float("inf")],
         }
+
+    def _feed_forward(self, key: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+        """Routed experts and a shared one (Tiny, Small), or the shared MLP alone as the
+        layer's FFN (Micro: `feed_forward_length` and the shared length are one)."""
+        experts, shared = (
+            int(key("expert_count", 0)),
+            int(key("expert_shared_feed_forward_length", 0)),
+        )
+        if not experts:
+            return {"intermediate_size": shared or config["intermediate_size"]}
+        return {
+            "num_local_experts": experts,
+            "num_experts_per_tok": int(key("expert_used_count")),
+            "shared_intermediate_size": shared,
+        }
+
+    def fused(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        joined = dict(weights)
+        for name in weights:
+            if ".ffn_gate_shexp." not in name:
+                continue
+            up = name.replace("_gate_", "_up_")
+            gate_part, up_part = joined.pop(name), joined.pop(up)
+            if gate_part.shape[1:] != up_part.shape[1:] or gate_part.dtype != up_part.dtype:
+                raise MacspecError(
+                    f"{name} and {up} are stored in different types; macspec holds them in one"
+                )
+            joined[name.replace("_gate_", "_gate_up_")] = mx.concatenate([gate_part, up_part])
+        return joined
 
     def mlx_name(self, name: str) -> str:
         match = _SSM_VECTOR.fullmatch(name)
