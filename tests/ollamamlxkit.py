@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -64,14 +65,33 @@ def json_layer(store: OllamaStore, name: str, data: bytes) -> dict:
     return {"mediaType": LAYER + "json", **store.blob(data), "name": name}
 
 
-def quantized_arrays(name: str, weight: mx.array, kind: str) -> dict[str, mx.array]:
-    """x/create/quantize.go's arrays for one tensor: weight, `.scale`, `.bias` (affine)."""
+def quantized_arrays(
+    name: str, weight: mx.array, kind: str, global_scale: bool = False
+) -> dict[str, mx.array]:
+    """x/create/quantize.go's arrays for one tensor: weight, `.scale`, `.bias` (affine); with
+    `global_scale` (nvfp4), ModelOpt's double scale as x/create/prequant.go stores it: the
+    weight over `.global_scale` (F32, amax / (6 * 448), the dequantizing multiplier) packed."""
     group, bits, mode = QUANT[kind]
+    scale = None
+    if global_scale and kind == "nvfp4":
+        scale = (mx.max(mx.abs(weight)) / (6 * 448)).astype(mx.float32)
+        weight = weight / scale
     parts = mx.quantize(weight, group_size=group, bits=bits, mode=mode)
     arrays = {name: parts[0], f"{name}.scale": parts[1]}
+    if scale is not None:
+        arrays[f"{name}.global_scale"] = scale
     if len(parts) > 2 and parts[2] is not None:
         arrays[f"{name}.bias"] = parts[2]
     return arrays
+
+
+def dequantized(arrays: dict[str, mx.array], name: str) -> mx.array:
+    """An nvfp4 tensor with a global scale as the float weight it stands for."""
+    group, bits, mode = QUANT["nvfp4"]
+    weight = mx.dequantize(
+        arrays[name], arrays[f"{name}.scale"], group_size=group, bits=bits, mode=mode
+    )
+    return weight * arrays[f"{name}.global_scale"]
 
 
 class Written:
@@ -90,9 +110,15 @@ def write_model(
     reference: Path,
     per_expert: bool = False,
     draft: tuple[nn.Module, dict] | None = None,
+    global_scales: bool = False,
+    as_stored: Callable[[str, mx.array], mx.array] | None = None,
+    extra: dict[str, mx.array] | None = None,
 ) -> Written:
     """`model` as `ollama create --quantize base` stores it (one blob per tensor; a layer's
-    experts together in one mixed blob), and the same arrays as the mlx-lm folder `reference`."""
+    experts together in one mixed blob), and the same arrays as the mlx-lm folder `reference`
+    (with `global_scales`, ModelOpt's nvfp4: its tensors dequantized, the reference a float
+    model). `as_stored`: an unquantized tensor as the store keeps it (Hugging Face's layout),
+    by its name; `extra`: tensors the store holds beside the model's (a target's `mtp.*`)."""
     config = {**config, "eos_token_id": 257, "bos_token_id": 256}
     layers: list[dict] = []
     ref_weights: dict[str, mx.array] = {}
@@ -101,19 +127,13 @@ def write_model(
     for key, weight in tree_flatten(model.parameters()):
         name = ollama_name(key)
         kind = quant_type(name, weight.shape, base)
-        arrays = quantized_arrays(name, weight, kind) if kind else {name: weight}
-        for array_name, array in arrays.items():
-            module = key.removesuffix(".weight")
-            suffix = array_name.removeprefix(name)
-            ref_name = {"": key, ".scale": f"{module}.scales", ".bias": f"{module}.biases"}
-            ref_weights[ref_name[suffix]] = array
-        if kind:
-            group, bits, mode = QUANT[kind]
-            ref_quant[key.removesuffix(".weight")] = {
-                "group_size": group,
-                "bits": bits,
-                "mode": mode,
-            }
+        arrays = quantized_arrays(name, weight, kind, global_scales) if kind else {name: weight}
+        if f"{name}.global_scale" in arrays:
+            ref_weights[key] = dequantized(arrays, name)  # the reference: a float weight
+        else:
+            _add_reference(key, name, arrays, kind, ref_weights, ref_quant)
+        if as_stored is not None and kind is None:
+            arrays = {name: as_stored(name, weight)}
         metadata = blob_metadata(kind)
         if ".mlp.experts." in name and per_expert:
             layers += _per_expert_layers(store, name, weight, kind)
@@ -126,6 +146,10 @@ def write_model(
             layers.append(tensor_layer(store, name, arrays, metadata))
     for prefix, (arrays, metadata) in experts.items():
         layers.append(tensor_layer(store, f"{prefix}.mlp.experts", arrays, metadata))
+    for name, weight in (extra or {}).items():
+        kind = quant_type(name, weight.shape, base)
+        arrays = quantized_arrays(name, weight, kind) if kind else {name: weight}
+        layers.append(tensor_layer(store, name, arrays, blob_metadata(kind)))
     if draft is not None:
         layers += draft_layers(store, *draft, base)
     layers += tokenizer_layers(store, config)
@@ -137,6 +161,20 @@ def write_model(
     )
     _write_reference(reference, config, ref_weights, ref_quant)
     return Written(manifest, reference)
+
+
+def _add_reference(
+    key: str, name: str, arrays: dict, kind: str | None, weights: dict, quant: dict
+) -> None:
+    """One tensor's arrays under mlx-lm's names, with its quantization, for the reference."""
+    module = key.removesuffix(".weight")
+    for array_name, array in arrays.items():
+        suffix = array_name.removeprefix(name)
+        ref_name = {"": key, ".scale": f"{module}.scales", ".bias": f"{module}.biases"}
+        weights[ref_name[suffix]] = array
+    if kind:
+        group, bits, mode = QUANT[kind]
+        quant[module] = {"group_size": group, "bits": bits, "mode": mode}
 
 
 def _per_expert_layers(store: OllamaStore, name: str, weight: mx.array, kind: str | None):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import oracle_qwen35
 from ggufkit import hf_tokenizer_writer
 from oracle_granite import (
     GRANITE_HYBRID,
@@ -155,6 +156,29 @@ ARCHS["granitehybrid"] = TinyArch(  # Granite 4.0 H: Mamba2 and attention layers
 ARCHS["granitehybrid-moe"] = TinyArch(  # Granite 4.0 H Tiny, Small: experts and a shared one
     "granitehybrid", dict(GRANITE_HYBRID_MOE, vocab_size=QWEN3_VOCAB)
 )
+ARCHS["qwen35"] = TinyArch(  # Qwen3.5's shape: linear, full, linear; an MTP layer after them
+    "qwen35",
+    dict(
+        _BASE,
+        num_hidden_layers=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        full_attention_interval=2,
+        head_dim=16,
+        **oracle_qwen35.LINEAR,
+        rope_parameters=oracle_qwen35.ROPE,
+        mtp_num_hidden_layers=1,
+        tie_word_embeddings=False,
+    ),
+    seed=10,  # 62's smallest top-2 gap is 0.0035, below twice this file's tolerance
+)
+ARCHS["qwen35moe"] = TinyArch(  # Qwen3.5-35B-A3B's shape: experts, a shared expert, no dense MLP
+    "qwen35moe",
+    {
+        **{k: v for k, v in ARCHS["qwen35"].config.items() if k != "intermediate_size"},
+        **dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+        "shared_expert_intermediate_size": 32,
+    },
+)
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
@@ -171,6 +195,9 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
         return
     if arch == "granitehybrid":
         write_granite_hybrid_parameters(writer, config)
+        return
+    if arch in ("qwen35", "qwen35moe"):
+        oracle_qwen35.write_parameters(writer, config)
         return
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
@@ -256,18 +283,22 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     _write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
     kind = next(kind for kind, known in gguf.MODEL_ARCH_NAMES.items() if known == arch)
-    names = gguf.get_tensor_name_map(kind, config["num_hidden_layers"])
-    tensors = (
-        granite_hybrid_converted(config, seed)
-        if arch == "granitehybrid"
-        else converted(config, arch, seed)
-    )
+    blocks = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
+    names = gguf.get_tensor_name_map(kind, blocks)
+    qwen35 = arch in ("qwen35", "qwen35moe")
+    if arch == "granitehybrid":
+        tensors = granite_hybrid_converted(config, seed)
+    elif qwen35:
+        tensors = oracle_qwen35.converted(config, seed)
+    else:
+        tensors = converted(config, arch, seed)
     for hf_name, array in tensors:
-        gguf_name = (
-            hf_name  # generate_extra_tensors names them in gguf's own terms already
-            if hf_name.startswith(("rope_factors_", "blk."))
-            else names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        )
+        if qwen35:
+            gguf_name = oracle_qwen35.gguf_name(names, hf_name)
+        elif hf_name.startswith(("rope_factors_", "blk.")):
+            gguf_name = hf_name  # generate_extra_tensors names them in gguf's own terms already
+        else:
+            gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if spec.mxfp4_experts and gguf_name.endswith("_exps.weight"):
             mxfp4 = gguf.GGMLQuantizationType.MXFP4
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, mxfp4), raw_dtype=mxfp4)

@@ -22,6 +22,8 @@ SUPPORTED = [
     "phi3",
     "phi3-longrope",
     "gpt-oss",
+    "qwen35",
+    "qwen35moe",
     "granitehybrid",
     "granitehybrid-moe",
 ]

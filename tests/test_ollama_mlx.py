@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from losslesskit import reference
 from mlx_lm import load as mlx_load
@@ -142,3 +143,61 @@ def test_modules_a_sanitize_renamed_are_quantized_as_their_arrays_say(store, tmp
     kept = {k: v for k, v in config["quantization"].items() if "layers.1." not in k}
     (folder / "config.json").write_text(json.dumps({**config, "quantization": kept}))
     assert_same_model("tiny:fp4", written, store.root)
+
+
+def test_nvfp4_with_global_scales_equals_the_dequantized_float_model(store, tmp_path):
+    """ModelOpt's nvfp4 (x/create/prequant.go: `X.weight.global_scale`, the dequantizing
+    multiplier) computed as Ollama's runner does, the quantized product times the scale: the
+    same greedy ids as mlx-lm's float model of the same weights dequantized."""
+    from macspec.models.quantized import GlobalScaledLinear
+
+    model = arch_model("qwen3", 0, scale=3.0)
+    ref = tmp_path / "ref"
+    written = write_model(
+        store, "tiny:nvfp4", model, arch_config("qwen3"), "nvfp4", ref, global_scales=True
+    )
+    loaded, _ = load_model(hub.local_model_path("tiny:nvfp4"), "model")
+    q_proj = loaded.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, GlobalScaledLinear) and q_proj.mode == "nvfp4"
+    assert float(q_proj.global_scale) != 1.0  # the stored scale, loaded
+    want, _ = mlx_load(str(written.reference))
+    prompt = mx.array([PROMPT])
+    assert mx.allclose(loaded(prompt), want(prompt), atol=1e-3, rtol=1e-3)
+    assert reference(loaded, PROMPT, 12) == reference(want, PROMPT, 12)
+    x = mx.random.normal((2, q_proj.scales.shape[-1] * 16))
+    ollama = mx.quantized_matmul(
+        x, q_proj.weight, q_proj.scales, transpose=True, group_size=16, bits=4, mode="nvfp4"
+    )
+    assert mx.array_equal(q_proj(x), ollama * q_proj.global_scale)  # x/models/nn's Forward
+
+
+def test_a_global_scaled_embedding_dequantizes_its_rows_then_scales():
+    from macspec.models.quantized import quantize_as_saved
+
+    table = mx.random.normal((8, 32))
+    scale = mx.array(0.05, mx.float32)
+    weight, scales = mx.quantize(table / scale, group_size=16, bits=4, mode="nvfp4")
+    embedding = nn.Embedding(8, 32)
+    weights = {"weight": weight, "scales": scales, "global_scale": scale}
+    holder = nn.Module()
+    holder.embed = embedding
+    named = {f"embed.{k}": v for k, v in weights.items()}
+    quantize_as_saved(holder, {"group_size": 16, "bits": 4, "mode": "nvfp4"}, named)
+    holder.load_weights(list(named.items()), strict=True)
+    rows = mx.array([3, 1])
+    floats = mx.dequantize(weight, scales, group_size=16, bits=4, mode="nvfp4") * scale
+    got = holder.embed(rows)  # nvfp4 dequantizes to bfloat16, the scaled rows cast back
+    assert got.dtype == mx.bfloat16 and mx.allclose(got, floats[rows], atol=1e-2)
+    x = mx.random.normal((1, 32))
+    assert mx.allclose(holder.embed.as_linear(x), x @ floats.T, atol=1e-4)
+
+
+def test_stacked_experts_with_global_scales_are_one_line(store, tmp_path):
+    """MLX's gather_qmm takes a global scale in its own convention (amax), not Ollama's
+    multiplier: refused, not computed wrong."""
+    from macspec.errors import MacspecError
+
+    model, config = arch_model("qwen3_moe", 1), arch_config("qwen3_moe")
+    write_model(store, "moe:nv", model, config, "nvfp4", tmp_path / "r", global_scales=True)
+    with pytest.raises(MacspecError, match="switch_mlp.* nvfp4 global scale are not supported"):
+        load_model(hub.local_model_path("moe:nv"), "model")

@@ -139,8 +139,8 @@ def test_the_listing_names_a_carried_draft(store, tmp_path, capsys, monkeypatch)
     assert entry["carried_drafts"] == ["dflash"] and entry["architecture"] == "qwen3"
 
 
-def test_nvfp4_with_a_global_scale_is_one_line():
-    """ModelOpt's nvfp4 keeps a global scale MLX's quantized layers do not take."""
+def test_nvfp4_with_a_global_scale_is_nvfp4_per_module():
+    """ModelOpt's nvfp4 keeps a global scale: its module is nvfp4, the scale loaded beside."""
     from macspec.models.stores.ollama_mlx import module_quantization
 
     header = {
@@ -149,9 +149,6 @@ def test_nvfp4_with_a_global_scale_is_one_line():
         "a.weight.scale": {},
         "a.weight.global_scale": {},
     }
-    with pytest.raises(MacspecError, match="a.weight is nvfp4 with a global scale"):
-        module_quantization(header, "m:q")
-    del header["a.weight.global_scale"]
     assert module_quantization(header, "m:q") == {
         "a": {"group_size": 16, "bits": 4, "mode": "nvfp4"}
     }

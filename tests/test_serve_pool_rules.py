@@ -1,22 +1,25 @@
 """The model pool's rules, over stand-in models (no weights): one load for concurrent requests,
 a failed load's error for each waiter and the other models still served, the least recently
 used idle model unloaded first, a busy one finishing first, Ollama's keep_alive durations and
-its 500 for a model that cannot fit alone."""
+its 500 for a model that cannot fit alone, and the names each model answers to."""
 
 from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from macspec.errors import MacspecError
+from macspec.models.stores.describe import Description
+from macspec.models.stores.listing import LocalModel
 from macspec.serve.errors import APIError
 from macspec.serve.model_names import accepted_names
 from macspec.serve.pool import ModelPool, keep_alive_seconds
-from macspec.serve.servable import Servable
+from macspec.serve.servable import Servable, local_servable
 
 GB = 10**9
 
@@ -59,28 +62,29 @@ def loaded_ids(pool: ModelPool) -> list[str]:
     return [entry.servable.model_id for entry in pool.loaded()]
 
 
-def test_concurrent_requests_wait_for_one_load():
-    loads = Loads()
+def acquired_together(pool: ModelPool, loads: Loads, name: str, count: int) -> list[Future]:
+    """`count` threads asking for `name` while its load is held back, then let go: they all
+    wait on the same load."""
     loads.gate.clear()
-    pool = ModelPool([servable("a")], loads)
-    with ThreadPoolExecutor(4) as threads:
-        futures = [threads.submit(pool.acquire, "a:latest") for _ in range(4)]
+    with ThreadPoolExecutor(count) as threads:
+        futures = [threads.submit(pool.acquire, name) for _ in range(count)]
         time.sleep(0.2)
         loads.gate.set()
-        entries = [f.result(10) for f in futures]
+    return futures
+
+
+def test_concurrent_requests_wait_for_one_load():
+    loads = Loads()
+    pool = ModelPool([servable("a")], loads)
+    entries = [f.result(10) for f in acquired_together(pool, loads, "a:latest", 4)]
     assert loads.count == {"a": 1}
     assert len({id(e.backend) for e in entries}) == 1 and entries[0].leases == 4
 
 
 def test_a_failed_load_answers_every_waiter_and_the_others_still_serve():
     loads = Loads(failing=("bad",))
-    loads.gate.clear()
     pool = ModelPool([servable("bad"), servable("good")], loads)
-    with ThreadPoolExecutor(3) as threads:
-        futures = [threads.submit(pool.acquire, "bad") for _ in range(3)]
-        time.sleep(0.2)
-        loads.gate.set()
-        errors = [f.exception(10) for f in futures]
+    errors = [f.exception(10) for f in acquired_together(pool, loads, "bad", 3)]
     assert loads.count == {"bad": 1}
     assert all(isinstance(e, APIError) and e.status == 500 for e in errors)
     assert all("the file is damaged" in e.message for e in errors)
@@ -147,3 +151,33 @@ def test_a_keep_alive_that_is_no_duration_is_a_400():
     with pytest.raises(APIError) as raised:
         keep_alive_seconds("soon")
     assert raised.value.status == 400 and raised.value.param == "keep_alive"
+
+
+def lm_studio_model(name: str) -> Servable:
+    about = Description("gguf", GB, "Q4_K_M", "llama", 4096, None, None)
+    model = LocalModel(f"lmstudio:{name}", "lmstudio", Path(f"/store/{name}/m.gguf"), about)
+    found = local_servable(model)
+    assert found is not None
+    return found
+
+
+def test_an_lm_studio_model_answers_to_lm_studios_own_name():
+    pool = ModelPool([lm_studio_model("pub/repo")], Loads())
+    assert pool.find("pub/repo") is pool.find("lmstudio:pub/repo")
+
+
+def test_a_models_own_id_wins_over_another_models_alias():
+    """An HF-cache repo `pub/repo` and LM Studio's `lmstudio:pub/repo`: each name one model."""
+    studio, cached = lm_studio_model("pub/repo"), servable("pub/repo")
+    for order in ([studio, cached], [cached, studio]):
+        pool = ModelPool(order, Loads())
+        assert pool.find("pub/repo") is cached
+        assert pool.find("lmstudio:pub/repo") is studio
+
+
+def test_an_unknown_model_is_openais_404_naming_what_is_served():
+    pool = ModelPool([servable(n) for n in "abc"], Loads())
+    with pytest.raises(APIError) as raised:
+        pool.find("nope")
+    assert raised.value.status == 404
+    assert raised.value.message == "The model 'nope' does not exist (this server has: a, b, c)"

@@ -19,6 +19,8 @@ import mlx.core as mx
 
 from macspec.errors import MacspecError
 from macspec.models.heads import load_into, quantize_like, read_config, read_weights, text_config
+from macspec.models.stores.ollama_entry import tensor_entry
+from macspec.models.stores.ollama_mtp import CENTRED_NORMS
 
 MTP_TYPE = "qwen3_5_mtp"
 GENERIC_MTP_TYPE = "mtp"
@@ -96,6 +98,9 @@ def load_mtp(folder: Path, target_config: dict[str, Any]):
     config = read_config(folder)
     head_config = check_mtp(folder, config, target_config)
     weights = read_weights(folder)
+    entry = tensor_entry(folder)
+    if entry is not None and entry.get(CENTRED_NORMS):  # an Ollama target's own mtp.* tensors
+        weights = shift_norms(weights)
     mean = mtp_norm_mean(weights)
     if not 0.5 <= mean <= 1.5:
         state = (
@@ -129,15 +134,17 @@ def _index_keys(index: Path) -> list[str]:
         return []
 
 
+def shift_norms(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """An MTP head's norms centred on 0 (Hugging Face's) as MLX's RMSNorm takes them: + 1."""
+    return {
+        k: v + 1.0 if k.endswith(NORM_SUFFIXES) and v.ndim == 1 else v for k, v in weights.items()
+    }
+
+
 def sanitize_mtp(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     """An original checkpoint's mtp.* tensors -> the head's names: prefix gone, norms + 1 (once),
     MoE experts stacked as mlx-lm's switch_mlp."""
-    out: dict[str, mx.array] = {}
-    for key, value in weights.items():
-        name = key[key.index("mtp.") + len("mtp.") :]
-        if name.endswith(NORM_SUFFIXES) and value.ndim == 1:
-            value = value + 1.0
-        out[name] = value
+    out = shift_norms({key[key.index("mtp.") + len("mtp.") :]: v for key, v in weights.items()})
     for key in [k for k in out if k.endswith(".experts.gate_up_proj")]:
         prefix = key[: -len(".experts.gate_up_proj")]
         gate, up = mx.split(out.pop(key), 2, axis=-2)
@@ -157,6 +164,17 @@ def sanitize_mtp(weights: dict[str, mx.array]) -> dict[str, mx.array]:
     return out
 
 
+def mtp_head_config(target_config: dict[str, Any]) -> dict[str, Any]:
+    """The config.json of an MTP drafter folder for a target's own mtp.* tensors."""
+    head = dict(text_config(target_config))
+    return {
+        "model_type": MTP_TYPE,
+        "text_config": head,
+        "block_size": int(head.get("mtp_num_hidden_layers", 1)) + 2,
+        "tie_word_embeddings": head.get("tie_word_embeddings", False),
+    }
+
+
 def convert_mtp_checkpoint(source: Path, out: Path, shards: list[Path] | None = None) -> Path:
     """Write an MTP drafter folder from an original checkpoint: only the shards the index names
     for mtp.* tensors are read (or `shards`, already fetched). Written to a temporary folder,
@@ -171,13 +189,7 @@ def convert_mtp_checkpoint(source: Path, out: Path, shards: list[Path] | None = 
     for path in shards or [source / f for f in files]:
         mtp.update({k: v for k, v in mx.load(str(path)).items() if _is_mtp_key(k)})
     weights = sanitize_mtp(mtp)
-    head = dict(text_config(config))
-    head_config = {
-        "model_type": MTP_TYPE,
-        "text_config": head,
-        "block_size": int(head.get("mtp_num_hidden_layers", 1)) + 2,
-        "tie_word_embeddings": head.get("tie_word_embeddings", False),
-    }
+    head_config = mtp_head_config(config)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)

@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.errors import MacspecError
+from macspec.models.quantized import quantize_as_saved
 
 
 def read_config(folder: Path) -> dict[str, Any]:
@@ -54,21 +55,7 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
 def quantize_like(module: nn.Module, config: dict[str, Any], weights: dict[str, mx.array]) -> None:
     """Quantize the layers the weights hold scales for, as mlx_lm.load does (a module the
     config names with its own settings: those)."""
-    quantization = config.get("quantization")
-    if not quantization:
-        return
-
-    def predicate(path: str, _module: nn.Module) -> dict | bool:
-        own = quantization.get(path)
-        return own if isinstance(own, dict) else f"{path}.scales" in weights
-
-    nn.quantize(
-        module,
-        group_size=quantization["group_size"],
-        bits=quantization["bits"],
-        mode=quantization.get("mode", "affine"),
-        class_predicate=predicate,
-    )
+    quantize_as_saved(module, config.get("quantization"), weights)
 
 
 def load_into(module: nn.Module, weights: dict[str, mx.array], folder: Path) -> None:

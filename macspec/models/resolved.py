@@ -8,6 +8,7 @@ from pathlib import Path
 from macspec.errors import MacspecError
 from macspec.models import hub
 from macspec.models.stores.ollama_entry import DRAFT_CONFIG, tensor_entry
+from macspec.models.stores.ollama_mtp import MTP_CONFIG
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,15 @@ def pair_model_path(pair: Pair, name: str) -> Path:
 
 
 def carried_head(folder: Path, kind: str) -> Path | None:
-    """The drafter of `kind` ('dflash', ...) a folder derived from an Ollama MLX manifest
-    carries (x/create/draft.go: `draft.` tensors and draft/config.json), or None."""
-    draft = folder / Path(DRAFT_CONFIG).parent
-    if tensor_entry(folder) is None or tensor_entry(draft) is None:
+    """The drafter of `kind` ('dflash', 'mtp', ...) a folder derived from an Ollama MLX
+    manifest carries (x/create/draft.go: `draft.` tensors and draft/config.json; or the
+    target's own `mtp.*` tensors), or None."""
+    if tensor_entry(folder) is None:
         return None
     from macspec.models.drafters import drafter_kind
 
-    return draft if drafter_kind(draft) == kind else None
+    for config in (DRAFT_CONFIG, MTP_CONFIG):
+        head = folder / Path(config).parent
+        if tensor_entry(head) is not None and drafter_kind(head) == kind:
+            return head
+    return None

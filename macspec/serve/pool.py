@@ -91,7 +91,11 @@ class ModelPool:
         budget_bytes: int | None = None,
     ):
         self.models = models
-        self._by_name = {name: m for m in models for name in m.names}
+        # A model's own id wins over another's alias (an LM Studio repo named like an HF one).
+        self._by_name = {m.model_id: m for m in reversed(models)}
+        for model in models:
+            for name in model.names:
+                self._by_name.setdefault(name, model)
         self._load = load
         self.keep_alive_s = keep_alive_s
         self.max_loaded = max_loaded
@@ -111,7 +115,10 @@ class ModelPool:
         """The model `name` names, or OpenAI's 404."""
         found = self._by_name.get(name)
         if found is None:
-            raise APIError(404, f"The model '{name}' does not exist", "model", "model_not_found")
+            served = ", ".join(m.model_id for m in self.models[:8])
+            more = f" and {len(self.models) - 8} more" if len(self.models) > 8 else ""
+            message = f"The model '{name}' does not exist (this server has: {served}{more})"
+            raise APIError(404, message, "model", "model_not_found")
         return found
 
     # -- leases ----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from macspec.models.stores.describe import Description
 from macspec.models.stores.listing import LocalModel
+from macspec.models.stores.lmstudio import PREFIX as LMSTUDIO_PREFIX
 from macspec.serve.model_names import OLLAMA_PREFIX, accepted_names, served_id
 
 
@@ -42,6 +43,8 @@ def local_servable(model: LocalModel) -> Servable | None:
     aliases = [model.name]
     if model.store == "ollama":
         aliases.append(OLLAMA_PREFIX + model.name)
+    if model.store == "lmstudio":  # as LM Studio's own server names it: PUBLISHER/REPO
+        aliases.append(model.name.removeprefix(LMSTUDIO_PREFIX))
     if model.path is not None and model.path.suffix == ".gguf":
         aliases.append(str(model.path))
     required = about.memory.total_bytes if about.memory is not None else about.size_bytes

@@ -44,7 +44,7 @@ def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, 
     for name, tensor in header.tensors.items():
         stem = name.removesuffix(".weight")
         scales = weights.get(f"{stem}.scales")
-        if scales is None or arch.is_config(name):
+        if scales is None or arch.is_config(name) or arch.is_unused(name, header):
             continue
         width = tensor.shape[-1]
         module = arch.mlx_name(name).removesuffix(".weight")
@@ -66,7 +66,7 @@ def to_mlx(header: GGUFHeader, config: dict[str, Any], weights: dict[str, mx.arr
     return {
         arch.mlx_name(name): arch.undo(name, value, config)
         for name, value in arch.fused(weights).items()
-        if not arch.is_config(name)
+        if not arch.is_config(name) and not arch.is_unused(name, header)
     }
 
 

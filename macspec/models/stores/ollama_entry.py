@@ -21,9 +21,12 @@ _STACKED_EXPERTS = re.compile(r"\.mlp\.experts\.(\d+\.)?(gate_proj|up_proj|down_
 
 def mlx_name(name: str) -> str:
     """A tensor's Ollama name as mlx-lm's modules call it: `X.weight.scale` -> `X.scales`,
-    `X.weight.bias` -> `X.biases`, experts (stacked [E, out, in] or one per index) ->
-    `switch_mlp` (what mlx-lm's MoE models' sanitize makes of the Hugging Face names)."""
-    if name.endswith(".weight.scale"):
+    `X.weight.bias` -> `X.biases`, `X.weight.global_scale` -> `X.global_scale` (nvfp4's),
+    experts (stacked [E, out, in] or one per index) -> `switch_mlp` (what mlx-lm's MoE
+    models' sanitize makes of the Hugging Face names)."""
+    if name.endswith(".weight.global_scale"):
+        name = name.removesuffix(".weight.global_scale") + ".global_scale"
+    elif name.endswith(".weight.scale"):
         name = name.removesuffix(".weight.scale") + ".scales"
     elif name.endswith(".weight.bias"):
         name = name.removesuffix(".weight.bias") + ".biases"

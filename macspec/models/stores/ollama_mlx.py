@@ -40,9 +40,10 @@ from macspec.models.stores.ollama_entry import (  # noqa: F401  (mlx_name: read 
     mlx_name,
     tensor_entry,
 )
+from macspec.models.stores.ollama_mtp import MTP_CONFIG, carries_mtp, mtp_config
 
 JSON_LAYER = "application/vnd.ollama.image.json"
-FORMAT = 1
+FORMAT = 2
 """The derived folder's layout; a change here derives every folder again."""
 DRAFT_PREFIX = "draft."
 """x/create/draft.go: a draft's tensors, namespaced inside the target's manifest."""
@@ -154,11 +155,6 @@ def module_quantization(
     for key in header:
         if not key.endswith(".weight") or f"{key}.scale" not in header:
             continue
-        if f"{key}.global_scale" in header:
-            raise MacspecError(
-                f"{given}: tensor {key} is nvfp4 with a global scale, which MLX's quantized "
-                "layers do not take"
-            )
         kind = metadata.get(f"{key}.quant_type") or metadata.get("quant_type") or ""
         kind = ALIASES.get(kind.lower(), kind.lower())
         if kind not in QUANT_TYPES:
@@ -217,6 +213,7 @@ def tensor_folder(data: dict[str, Any], manifest: Path, root: Path, given: str) 
     if (folder / "config.json").is_file():
         return folder
     config = read_config(jsons, given)
+    mtp = mtp_config(tensors, config, manifest, given)  # from the config as Ollama keeps it
     quantized = quantization(tensors, given)
     if quantized is not None:
         config["quantization"] = quantized
@@ -225,6 +222,8 @@ def tensor_folder(data: dict[str, Any], manifest: Path, root: Path, given: str) 
     draft = draft_config(data, manifest, root, given, jsons)
     if draft is not None:
         written[DRAFT_CONFIG] = draft
+    if mtp is not None:
+        written[MTP_CONFIG] = mtp
     _write_whole(folder, jsons, written)
     return folder
 
@@ -309,5 +308,5 @@ def describe_tensor_manifest(
         estimate(size, [config], context) if context else None,
         tokenizer_files_digest(jsons),
         vocab if isinstance(vocab, int) else None,
-        carried_drafts(data, jsons),
+        carried_drafts(data, jsons) + (("mtp",) if carries_mtp(tensors, config) else ()),
     )

@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from macspec.errors import MacspecError
+from macspec.models.quantized import quantize_as_saved
 from macspec.models.stores.ollama_entry import mlx_name, tensor_entry
 
 _ONE_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(.+)$")
@@ -41,7 +42,7 @@ def read_blobs(blobs: list[str], folder: Path, prefix: str = "") -> dict[str, mx
 
 def load_tensor_model(folder: Path) -> nn.Module:
     """The model of a derived Ollama MLX folder; one line when a blob went or does not fit."""
-    from mlx_lm.utils import _get_classes, infer_quant_config, load_config
+    from mlx_lm.utils import _get_classes, load_config
 
     entry = tensor_entry(folder)
     if entry is None:
@@ -52,25 +53,7 @@ def load_tensor_model(folder: Path) -> nn.Module:
     weights = read_blobs(entry["blobs"], folder)
     if hasattr(model, "sanitize"):
         weights = model.sanitize(weights)
-    quantized = config.get("quantization")
-    if quantized:
-        # The modules the blobs hold quantized, each with its own settings; one a model's
-        # sanitize renamed (a VLM's language_model.*), as mlx-lm infers it from its arrays.
-        def predicate(path: str, module: nn.Module) -> dict | bool:
-            settings = quantized.get(path)
-            if isinstance(settings, dict):
-                return settings
-            if f"{path}.scales" in weights and hasattr(module, "to_quantized"):
-                return infer_quant_config(path, module, weights)
-            return False
-
-        nn.quantize(
-            model,
-            group_size=quantized["group_size"],
-            bits=quantized["bits"],
-            mode=quantized.get("mode", "affine"),
-            class_predicate=predicate,
-        )
+    quantize_as_saved(model, config.get("quantization"), weights)
     model.eval()
     try:
         model.load_weights(list(weights.items()), strict=True)

@@ -13,6 +13,7 @@ from macspec.models.gguf.archs.llama import Llama, Mistral3
 from macspec.models.gguf.archs.phi3 import Phi3
 from macspec.models.gguf.archs.qwen import Qwen2, Qwen3
 from macspec.models.gguf.archs.qwen3moe import Qwen3Moe
+from macspec.models.gguf.archs.qwen35 import Qwen35, Qwen35Moe
 from macspec.models.gguf.header import GGUFHeader
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -26,6 +27,8 @@ ARCHITECTURES: dict[str, Architecture] = {
         Gemma3(),
         Phi3(),
         GptOss(),
+        Qwen35(),
+        Qwen35Moe(),
         GraniteHybrid(),
     )
 }

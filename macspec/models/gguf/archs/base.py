@@ -36,6 +36,20 @@ EXPERT_NAMES: Mapping[str, str] = {
 }
 """A mixture of experts' router and stacked experts ([experts, out, in], as mlx-lm's SwitchGLU
 holds them) in llama.cpp's MoE architectures."""
+
+
+def routed_experts(key: Metadata) -> dict[str, Any]:
+    """mlx-lm's entries for llama.cpp's Qwen MoE graphs: softmax routing, the top-k weights
+    renormalized always (no `norm_topk_prob` key is written), every layer sparse."""
+    return {
+        "num_experts": int(key("expert_count")),
+        "num_experts_per_tok": int(key("expert_used_count")),
+        "moe_intermediate_size": int(key("expert_feed_forward_length")),
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+    }
+
+
 TOP_NAMES: Mapping[str, str] = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -91,7 +105,7 @@ class Architecture:
             "model_type": self.model_type,
             "hidden_size": hidden,
             "num_hidden_layers": int(key("block_count")),
-            "intermediate_size": int(key("feed_forward_length")),
+            "intermediate_size": self.feed_forward_length(key),
             "num_attention_heads": heads,
             "num_key_value_heads": _largest(key("attention.head_count_kv", heads)),
             "head_dim": int(key("attention.key_length", hidden // heads)),
@@ -108,6 +122,10 @@ class Architecture:
             raise MacspecError(f"{header.path}: rope scaling '{scaling}' is not supported yet")
         config.update(self.extra_config(header, key, config))
         return config
+
+    def feed_forward_length(self, key: Metadata) -> int:
+        """The dense MLP's width (a file of experts alone may have none)."""
+        return int(key("feed_forward_length"))
 
     def extra_config(
         self, header: GGUFHeader, key: Metadata, config: dict[str, Any]
@@ -128,6 +146,10 @@ class Architecture:
 
     def is_config(self, name: str) -> bool:
         """A tensor that configures the model rather than being one of its weights."""
+        return False
+
+    def is_unused(self, name: str, header: GGUFHeader) -> bool:
+        """A tensor of the file that the text model macspec builds does not read (an MTP layer)."""
         return False
 
     def notices(self, header: GGUFHeader) -> list[str]:

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from macspec.models.gguf.archs.base import EXPERT_NAMES, LAYER_NAMES, Architecture, Metadata
+from macspec.models.gguf.archs.base import (
+    EXPERT_NAMES,
+    LAYER_NAMES,
+    Architecture,
+    Metadata,
+    routed_experts,
+)
 from macspec.models.gguf.header import GGUFHeader
 
 
@@ -23,11 +29,4 @@ class Qwen3Moe(Architecture):
     def extra_config(
         self, header: GGUFHeader, key: Metadata, config: dict[str, Any]
     ) -> dict[str, Any]:
-        return {
-            "num_experts": int(key("expert_count")),
-            "num_experts_per_tok": int(key("expert_used_count")),
-            "moe_intermediate_size": int(key("expert_feed_forward_length")),
-            "norm_topk_prob": True,
-            "decoder_sparse_step": 1,
-            "mlp_only_layers": [],
-        }
+        return {**routed_experts(key), "mlp_only_layers": []}
