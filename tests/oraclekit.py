@@ -15,13 +15,26 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import oracle_qwen35
 from ggufkit import hf_tokenizer_writer
-from oracletensors import LLAMA_FAMILY, VISION, converted, ollama_vision_tensors
+from oracle_granite import (
+    GRANITE_HYBRID,
+    GRANITE_HYBRID_MOE,
+    granite_hybrid_converted,
+    write_granite_hybrid_parameters,
+)
+from oracletensors import (
+    LLAMA_FAMILY,
+    VISION,
+    converted,
+    ollama_vision_tensors,
+    phi3_longrope_factors,
+)
 from toolkit import qwen3_files
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llamacpp"
@@ -103,6 +116,15 @@ ARCHS["phi3"] = TinyArch(  # Phi-4-mini's shape: GQA, partial rotary, tied, no s
         tie_word_embeddings=True,
     ),
 )
+ARCHS["phi3-longrope"] = TinyArch(  # Phi-3.5-mini / Phi-4-mini: LongRoPE factors, 128k of 4k
+    "phi3",
+    dict(
+        ARCHS["phi3"].config,
+        max_position_embeddings=131_072,
+        # 3 pairs: rope.dimension_count is 6
+        rope_scaling=dict(rope_type="longrope", type="longrope", **phi3_longrope_factors(3)),
+    ),
+)
 ARCHS["mistral3"] = TinyArch(  # Mistral Small 3.1/3.2, Devstral: LlamaModel under another name
     "mistral3", ARCHS["llama"].config
 )
@@ -127,6 +149,12 @@ ARCHS["gpt-oss"] = TinyArch(  # gpt-oss-20b's shape, float experts (a bf16 check
         ),
         tie_word_embeddings=False,
     ),
+)
+ARCHS["granitehybrid"] = TinyArch(  # Granite 4.0 H: Mamba2 and attention layers (no rope)
+    "granitehybrid", dict(GRANITE_HYBRID, vocab_size=QWEN3_VOCAB)
+)
+ARCHS["granitehybrid-moe"] = TinyArch(  # Granite 4.0 H Tiny, Small: experts and a shared one
+    "granitehybrid", dict(GRANITE_HYBRID_MOE, vocab_size=QWEN3_VOCAB)
 )
 ARCHS["qwen35"] = TinyArch(  # Qwen3.5's shape: linear, full, linear; an MTP layer after them
     "qwen35",
@@ -164,6 +192,9 @@ def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> 
 
     if arch == "phi3":
         _write_phi3_parameters(writer, config)
+        return
+    if arch == "granitehybrid":
+        write_granite_hybrid_parameters(writer, config)
         return
     if arch in ("qwen35", "qwen35moe"):
         oracle_qwen35.write_parameters(writer, config)
@@ -231,6 +262,11 @@ def _write_phi3_parameters(writer, config: dict) -> None:
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_sliding_window(0)
+    scaling = config.get("rope_scaling")
+    if scaling:  # Phi3MiniModel.generate_extra_tensors: LongRoPE's attention factor
+        scale = config["max_position_embeddings"] / config["original_max_position_embeddings"]
+        orig = config["original_max_position_embeddings"]
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
 
 
 def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
@@ -246,14 +282,21 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     writer.add_name(name)
     _write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
-    kind = gguf.MODEL_ARCH[arch.upper().replace("-", "_")]
+    kind = next(kind for kind, known in gguf.MODEL_ARCH_NAMES.items() if known == arch)
     blocks = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
     names = gguf.get_tensor_name_map(kind, blocks)
     qwen35 = arch in ("qwen35", "qwen35moe")
-    tensors = oracle_qwen35.converted(config, seed) if qwen35 else converted(config, arch, seed)
+    if arch == "granitehybrid":
+        tensors = granite_hybrid_converted(config, seed)
+    elif qwen35:
+        tensors = oracle_qwen35.converted(config, seed)
+    else:
+        tensors = converted(config, arch, seed)
     for hf_name, array in tensors:
         if qwen35:
             gguf_name = oracle_qwen35.gguf_name(names, hf_name)
+        elif hf_name.startswith(("rope_factors_", "blk.")):
+            gguf_name = hf_name  # generate_extra_tensors names them in gguf's own terms already
         else:
             gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if spec.mxfp4_experts and gguf_name.endswith("_exps.weight"):

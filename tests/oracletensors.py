@@ -18,8 +18,19 @@ LLAMA_FAMILY = ("llama", "mistral3")
 GEMMA_POST_NORM = 6.0
 """Gemma's post-norms' stored w (of 1 + w), for the same reason (Gemma scales its embedding by
 sqrt(hidden))."""
+SEED_FACTORS = 35
+"""Of phi3_longrope_factors' values."""
 VISION = dict(hidden=16, layers=1, ff=32, image=4, patch=2, heads=2)
 """The tiny SigLIP tower of the Ollama-written Gemma 3 file."""
+
+
+def phi3_longrope_factors(rotated_pairs: int) -> dict[str, list[float]]:
+    """LongRoPE's per-frequency divisors of a Phi-3.5-mini-like checkpoint: short ones near 1,
+    long ones rising to tens (far apart, so which set a side rotates by shows in its logits)."""
+    rng = np.random.RandomState(SEED_FACTORS)
+    short = 1.0 + 0.5 * np.sort(rng.random_sample(rotated_pairs))
+    long = 1.0 + 40.0 * np.sort(rng.random_sample(rotated_pairs))
+    return {"short_factor": short.round(4).tolist(), "long_factor": long.round(4).tolist()}
 
 
 def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.ndarray]]:
@@ -39,6 +50,10 @@ def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.nda
         return (centre + 0.3 * rng.standard_normal(width)).astype(np.float32)
 
     # rows of unit scale: tied outputs give logits spread over several units
+    scaling = config.get("rope_scaling") or {}
+    if "long_factor" in scaling:  # Phi3MiniModel.generate_extra_tensors, before the weights
+        yield "rope_factors_long.weight", np.array(scaling["long_factor"], np.float32)
+        yield "rope_factors_short.weight", np.array(scaling["short_factor"], np.float32)
     yield "model.embed_tokens.weight", matrix(config["vocab_size"], hidden, np.sqrt(hidden))
     norms = ["input_layernorm", "post_attention_layernorm"]
     if arch == "gemma3":

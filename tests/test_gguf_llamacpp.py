@@ -20,9 +20,12 @@ SUPPORTED = [
     "gemma3-ollama",
     "qwen3moe",
     "phi3",
+    "phi3-longrope",
     "gpt-oss",
     "qwen35",
     "qwen35moe",
+    "granitehybrid",
+    "granitehybrid-moe",
 ]
 """The tiny files macspec reads (gemma3-ollama: Ollama's file with its vision tower, which
 llama.cpp refuses; its answer was recorded on the same text model as llama.cpp's converter

@@ -65,7 +65,7 @@ def to_mlx(header: GGUFHeader, config: dict[str, Any], weights: dict[str, mx.arr
     arch = architecture_of(header)
     return {
         arch.mlx_name(name): arch.undo(name, value, config)
-        for name, value in weights.items()
+        for name, value in arch.fused(weights).items()
         if not arch.is_config(name) and not arch.is_unused(name, header)
     }
 

@@ -8,6 +8,7 @@ from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Architecture
 from macspec.models.gguf.archs.gemma3 import Gemma3
 from macspec.models.gguf.archs.gpt_oss import GptOss
+from macspec.models.gguf.archs.granite_hybrid import GraniteHybrid
 from macspec.models.gguf.archs.llama import Llama, Mistral3
 from macspec.models.gguf.archs.phi3 import Phi3
 from macspec.models.gguf.archs.qwen import Qwen2, Qwen3
@@ -28,6 +29,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         GptOss(),
         Qwen35(),
         Qwen35Moe(),
+        GraniteHybrid(),
     )
 }
 """GGUF's `general.architecture` -> how macspec reads it."""

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.header import GGUFHeader
@@ -58,6 +59,12 @@ _LAYER = re.compile(r"blk\.(\d+)\.([a-z_0-9]+)\.(weight|bias|scales|biases)")
 _TOP = re.compile(r"([a-z_0-9]+)\.(weight|bias|scales|biases)")
 
 
+def _largest(count: Any) -> int:
+    """A count the file gives once or per layer (a hybrid's KV heads: 0 on its recurrent
+    layers): the attention layers' own."""
+    return int(np.max(count))
+
+
 class Metadata:
     """`{arch}.KEY` values of one file, a missing one without a default one line."""
 
@@ -100,7 +107,7 @@ class Architecture:
             "num_hidden_layers": int(key("block_count")),
             "intermediate_size": self.feed_forward_length(key),
             "num_attention_heads": heads,
-            "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+            "num_key_value_heads": _largest(key("attention.head_count_kv", heads)),
             "head_dim": int(key("attention.key_length", hidden // heads)),
             "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-6)),
             "vocab_size": int(embed.shape[0]),
@@ -148,6 +155,11 @@ class Architecture:
     def notices(self, header: GGUFHeader) -> list[str]:
         """What the user should know about the file that is not an error (a part not used)."""
         return []
+
+    def fused(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """The file's tensors (by GGUF name) with those mlx-lm holds in one module joined, under
+        a name `mlx_name` maps to it (the converter split them)."""
+        return weights
 
     def undo(self, name: str, value: mx.array, config: dict[str, Any]) -> mx.array:
         """The tensor as the original checkpoint held it: the converter's change undone."""

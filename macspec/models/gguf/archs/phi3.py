@@ -7,9 +7,13 @@ head) and, for LongRoPE checkpoints, the long and short factors as the tensors
 `rope_factors_long` and `rope_factors_short` (read back into config.json's `rope_scaling`).
 Its `sliding_window` key is ignored, as llama.cpp's phi3 graph ignores it (src/models/phi3.cpp).
 
-LongRoPE: mlx-lm's SuScaledRoPE rotates by the long factors at every length; llama.cpp picks
-the short ones when its context is at most the original one (`rope.scaling.original_context_
-length`), so the two agree on a file without factors (Phi-4) and on long contexts.
+LongRoPE: llama.cpp picks one set of factors when its context is made, by the context's size
+(llama_model::get_rope_factors: the long ones only when n_ctx exceeds `rope.scaling.original_
+context_length`), and scales the rotated dimensions by `rope.scaling.attn_factor` with either.
+macspec rotates by the short ones, as llama.cpp does at the contexts Ollama and LM Studio start
+it with (4096, Phi-3.5-mini's and Phi-4-mini's original context) and as Hugging Face does within
+the original length; mlx-lm's SuScaledRoPE rotates by the set it is given as `long_factor` (at
+every length) with the same attention factor, so the short set is handed to it under that name.
 """
 
 from __future__ import annotations
@@ -41,8 +45,11 @@ class Phi3(Architecture):
             ),
         }
         if FACTORS["long_factor"] in header.tensors:
-            extra["rope_scaling"] = {"type": "longrope"} | {
-                part: _values(header, name).tolist() for part, name in FACTORS.items()
+            short = _values(header, FACTORS["short_factor"]).tolist()
+            extra["rope_scaling"] = {
+                "type": "longrope",
+                "short_factor": short,
+                "long_factor": short,  # the set SuScaledRoPE rotates by (module docstring)
             }
         return extra
 
