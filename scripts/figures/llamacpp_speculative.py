@@ -17,7 +17,7 @@ comparing ids with the plain answer. llama.cpp runs `llama-completion` (plain) a
 speculative loop may run past -n by the rest of a cycle, so the plain text must begin the
 speculative one (or the other way round, after an end of sequence). Its target passes are
 n_predict - n_accept (one id per pass plus the guesses kept; its first pass decodes the prompt's
-last id with the first guesses, where macspec's prefill decides the first id).
+last id with the first guesses, as macspec's first cycle does).
 """
 
 from __future__ import annotations
@@ -95,8 +95,9 @@ def print_table(title: str, tallies: dict[str, Tally]) -> None:
             print(f"- {name} differs from plain on: {prompt}")
 
 
-def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, list[int]]:
-    """macspec on the pair, loaded once; returns the plain answers' ids by prompt."""
+def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]:
+    """macspec on the pair, loaded once: each prompt plainly, then at each k and auto. Returns
+    the plain answers' texts by prompt."""
     from macspec.engine.core.events import Done
     from macspec.engine.core.sampling import SamplingParams
     from macspec.engine.drafters.model import ModelDrafter
@@ -113,35 +114,40 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, list
     def done_of(engine: Engine, ids: list[int]) -> Done:
         return next(e for e in engine.generate(ids, config) if isinstance(e, Done))
 
-    inputs = [encode_prompt(loaded.tokenizer, TEMPLATE.format(p), raw=True) for p in prompts]
     # the raw text is exactly what `macspec run PROMPT` sends (the GGUF's own template)
-    assert inputs[0] == encode_prompt(loaded.tokenizer, prompts[0]), "template differs"
+    raw = encode_prompt(loaded.tokenizer, TEMPLATE.format(prompts[0]), raw=True)
+    assert raw == encode_prompt(loaded.tokenizer, prompts[0]), "the template differs"
     plain_engine = Engine(loaded.target, loaded.tokenizer)
-    plain_done = [done_of(plain_engine, ids) for ids in inputs]
-    plain = [d.tokens for d in plain_done]
-    tallies: dict[str, Tally] = {}
-    for spec in [*args.k, "auto"]:
-        tally = tallies.setdefault(f"macspec -k {spec}", Tally())
-        for text, ids, reference in zip(prompts, inputs, plain):
-            drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
-            engine = Engine(
-                loaded.target, loaded.tokenizer, drafter, make_policy(spec), loaded.vocab_size
-            )
-            done = done_of(engine, ids)
-            s = done.stats
-            tally.add(
-                text,
-                done.tokens == reference,
-                passes=s.target_passes,
-                decided=s.generated_tokens + s.end_tokens,
-                drafted=s.draft_proposed,
-                kept=s.draft_accepted,
-            )
-            print(
-                f"  macspec -k {spec}: {s.tokens_per_pass or 0:.2f} / pass  {text[:40]}", flush=True
-            )
-    print_table(f"macspec, {len(prompts)} prompts x {args.tokens} tokens, greedy", tallies)
-    return {text: d.text for text, d in zip(prompts, plain_done)}
+    tallies = {f"macspec -k {spec}": Tally() for spec in [*args.k, "auto"]}
+    plain_texts: dict[str, str] = {}
+    try:
+        for text in prompts:
+            ids = encode_prompt(loaded.tokenizer, TEMPLATE.format(text), raw=True)
+            plain = done_of(plain_engine, ids)
+            plain_texts[text] = plain.text
+            line = []
+            for spec in [*args.k, "auto"]:
+                drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
+                policy = make_policy(spec)
+                engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
+                done = done_of(engine, ids)
+                s = done.stats
+                same = done.tokens == plain.tokens
+                tallies[f"macspec -k {spec}"].add(
+                    text,
+                    same,
+                    passes=s.target_passes,
+                    decided=s.generated_tokens + s.end_tokens,
+                    drafted=s.draft_proposed,
+                    kept=s.draft_accepted,
+                )
+                line.append(f"k={spec} {s.tokens_per_pass or 0:.2f}{'' if same else ' DIFFERS'}")
+            print(f"  macspec {', '.join(line)}: {text[:40]}", flush=True)
+    except KeyboardInterrupt:
+        print(f"  interrupted after {len(plain_texts)} prompts", flush=True)
+    done_prompts = next(iter(tallies.values())).counts["runs"]
+    print_table(f"macspec, {done_prompts} prompts x {args.tokens} tokens, greedy", tallies)
+    return plain_texts
 
 
 def run_llama(command: list[str]) -> tuple[str, str]:
@@ -156,63 +162,55 @@ def begins(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
-def llamacpp_side(args: argparse.Namespace, prompts: list[str], macspec_plain: dict) -> None:
-    common = [
-        "-n",
-        str(args.tokens),
-        "--temp",
-        "0",
-        "-t",
-        str(args.threads),
-        "-c",
-        "1024",
-        "--no-escape",
-    ]
-    tallies: dict[str, Tally] = {}
-    agree = 0
-    for text in prompts:
-        prompt = TEMPLATE.format(text)
-        plain, _ = run_llama(
-            [str(args.bin / "llama-completion"), "-m", str(args.target), "-p", prompt, "-no-cnv"]
-            + common
-        )
-        if text in macspec_plain:
-            agree += begins(plain, macspec_plain[text].rstrip("\n"))
-        for k in args.k:
-            drafted, log = run_llama(
-                [str(args.bin / "llama-speculative-simple"), "-m", str(args.target)]
-                + ["-md", str(args.draft), "-p", prompt, "--spec-type", "draft-simple"]
-                + ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0"]
-                + common
-            )
-            counts = {
-                k: int(v) for k, v in re.findall(r"(n_predict|n_drafted|n_accept)\s*=\s*(\d+)", log)
-            }
-            decided = counts["n_predict"]
-            passes = decided - counts["n_accept"]
-            same = begins(plain, drafted)
-            tally = tallies.setdefault(f"llama.cpp --spec-draft-n-max {k}", Tally())
-            tally.add(
-                text,
-                same,
-                passes=passes,
-                decided=decided,
-                drafted=counts["n_drafted"],
-                kept=counts["n_accept"],
-            )
-            print(
-                f"  llama.cpp k={k}: {decided / passes:.2f} / pass  same={same}  {text[:40]}",
-                flush=True,
-            )
-    print_table(
-        f"llama.cpp, {len(prompts)} prompts x {args.tokens} tokens, greedy "
-        "(answer = llama-completion's)",
-        tallies,
+def llama_speculative(args: argparse.Namespace, prompt: str, k: int, common: list[str]):
+    """llama-speculative-simple's answer and its counts: ids decided, drafted, kept."""
+    answer, log = run_llama(
+        [str(args.bin / "llama-speculative-simple"), "-m", str(args.target)]
+        + ["-md", str(args.draft), "-p", prompt, "--spec-type", "draft-simple"]
+        + ["--spec-draft-n-max", str(k), "--spec-draft-n-min", "0", *common]
     )
-    if macspec_plain:
-        print(
-            f"\nllama.cpp's plain answer = macspec's plain answer (text): {agree} / {len(prompts)}"
-        )
+    found = dict(re.findall(r"(n_predict|n_drafted|n_accept)\s*=\s*(\d+)", log))
+    return answer, {name: int(value) for name, value in found.items()}
+
+
+def llamacpp_side(args: argparse.Namespace, prompts: list[str], macspec_plain: dict) -> None:
+    """llama.cpp's plain greedy answer per prompt, then its speculative one at each k."""
+    common = ["-n", str(args.tokens), "--temp", "0", "-t", str(args.threads), "-c", "1024"]
+    common.append("--no-escape")
+    tallies = {f"llama.cpp --spec-draft-n-max {k}": Tally() for k in args.k}
+    agree = compared = 0
+    try:
+        for text in prompts:
+            prompt = TEMPLATE.format(text)
+            plain, _ = run_llama(
+                [str(args.bin / "llama-completion"), "-m", str(args.target), "-p", prompt]
+                + ["-no-cnv", *common]
+            )
+            if text in macspec_plain:
+                compared += 1
+                agree += begins(plain, macspec_plain[text])
+            line = []
+            for k in args.k:
+                answer, c = llama_speculative(args, prompt, k, common)
+                passes = c["n_predict"] - c["n_accept"]  # one id per pass, plus the kept
+                same = begins(plain, answer)
+                tallies[f"llama.cpp --spec-draft-n-max {k}"].add(
+                    text,
+                    same,
+                    passes=passes,
+                    decided=c["n_predict"],
+                    drafted=c["n_drafted"],
+                    kept=c["n_accept"],
+                )
+                line.append(f"k={k} {c['n_predict'] / passes:.2f}{'' if same else ' DIFFERS'}")
+            print(f"  llama.cpp {', '.join(line)}: {text[:40]}", flush=True)
+    except KeyboardInterrupt:
+        print("  interrupted", flush=True)
+    done_prompts = next(iter(tallies.values())).counts["runs"]
+    title = f"llama.cpp, {done_prompts} prompts x {args.tokens} tokens, greedy"
+    print_table(title + " (answer = plain: llama-completion's)", tallies)
+    if compared:
+        print(f"\nllama.cpp's plain answer = macspec's plain answer (text): {agree} / {compared}")
 
 
 def main() -> None:
