@@ -124,16 +124,16 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]
         for text in prompts:
             ids = encode_prompt(loaded.tokenizer, TEMPLATE.format(text), raw=True)
             plain = done_of(plain_engine, ids)
-            plain_texts[text] = plain.text
-            line = []
+            results = {}  # a prompt counts once every configuration has answered it
             for spec in [*args.k, "auto"]:
                 drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
                 policy = make_policy(spec)
                 engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
-                done = done_of(engine, ids)
-                s = done.stats
-                same = done.tokens == plain.tokens
-                tallies[f"macspec -k {spec}"].add(
+                results[f"macspec -k {spec}"] = done_of(engine, ids)
+            line = []
+            for name, done in results.items():
+                s, same = done.stats, done.tokens == plain.tokens
+                tallies[name].add(
                     text,
                     same,
                     passes=s.target_passes,
@@ -141,7 +141,10 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]
                     drafted=s.draft_proposed,
                     kept=s.draft_accepted,
                 )
-                line.append(f"k={spec} {s.tokens_per_pass or 0:.2f}{'' if same else ' DIFFERS'}")
+                line.append(f"{name[8:]} {s.tokens_per_pass or 0:.2f}{'' if same else ' DIFFERS'}")
+                if not same:
+                    print(f"    plain {plain.text!r}\n    {name[8:]}   {done.text!r}")
+            plain_texts[text] = plain.text
             print(f"  macspec {', '.join(line)}: {text[:40]}", flush=True)
     except KeyboardInterrupt:
         print(f"  interrupted after {len(plain_texts)} prompts", flush=True)
@@ -186,12 +189,12 @@ def llamacpp_side(args: argparse.Namespace, prompts: list[str], macspec_plain: d
                 [str(args.bin / "llama-completion"), "-m", str(args.target), "-p", prompt]
                 + ["-no-cnv", *common]
             )
+            answers = {k: llama_speculative(args, prompt, k, common) for k in args.k}
             if text in macspec_plain:
                 compared += 1
                 agree += begins(plain, macspec_plain[text])
             line = []
-            for k in args.k:
-                answer, c = llama_speculative(args, prompt, k, common)
+            for k, (answer, c) in answers.items():
                 passes = c["n_predict"] - c["n_accept"]  # one id per pass, plus the kept
                 same = begins(plain, answer)
                 tallies[f"llama.cpp --spec-draft-n-max {k}"].add(
@@ -203,6 +206,8 @@ def llamacpp_side(args: argparse.Namespace, prompts: list[str], macspec_plain: d
                     kept=c["n_accept"],
                 )
                 line.append(f"k={k} {c['n_predict'] / passes:.2f}{'' if same else ' DIFFERS'}")
+                if not same:
+                    print(f"    plain {plain!r}\n    k={k}   {answer!r}")
             print(f"  llama.cpp {', '.join(line)}: {text[:40]}", flush=True)
     except KeyboardInterrupt:
         print("  interrupted", flush=True)
@@ -229,8 +234,8 @@ def main() -> None:
     args.k = [int(k) for k in args.k.split(",")]
     prompts = PROMPTS[: args.prompts]
     macspec_plain = {} if args.no_macspec else macspec_side(args, prompts)
-    if args.bin is not None:
-        llamacpp_side(args, prompts, macspec_plain)
+    if args.bin is not None:  # the prompts macspec answered (all, unless cut short by Ctrl-C)
+        llamacpp_side(args, list(macspec_plain) or prompts, macspec_plain)
 
 
 if __name__ == "__main__":
