@@ -26,6 +26,7 @@ import argparse
 import collections
 import re
 import subprocess
+import time
 from pathlib import Path
 
 PROMPTS = [
@@ -122,6 +123,7 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]
     plain_texts: dict[str, str] = {}
     try:
         for text in prompts:
+            started = time.perf_counter()
             ids = encode_prompt(loaded.tokenizer, TEMPLATE.format(text), raw=True)
             plain = done_of(plain_engine, ids)
             results = {}  # a prompt counts once every configuration has answered it
@@ -145,7 +147,8 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]
                 if not same:
                     print(f"    plain {plain.text!r}\n    {name[8:]}   {done.text!r}")
             plain_texts[text] = plain.text
-            print(f"  macspec {', '.join(line)}: {text[:40]}", flush=True)
+            took = f"{time.perf_counter() - started:.0f} s"
+            print(f"  macspec {', '.join(line)} ({took}): {text[:40]}", flush=True)
     except KeyboardInterrupt:
         print(f"  interrupted after {len(plain_texts)} prompts", flush=True)
     done_prompts = next(iter(tallies.values())).counts["runs"]
