@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -234,6 +235,9 @@ def main() -> None:
     )
     parser.add_argument("--no-macspec", action="store_true", help="llama.cpp alone")
     args = parser.parse_args()
+    # `kill PID` (or Ctrl-C, even in a background job that ignores it) prints the tables so far
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.default_int_handler)
     args.k = [int(k) for k in args.k.split(",")]
     prompts = PROMPTS[: args.prompts]
     macspec_plain = {} if args.no_macspec else macspec_side(args, prompts)
