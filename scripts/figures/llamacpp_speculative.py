@@ -98,8 +98,8 @@ def print_table(title: str, tallies: dict[str, Tally]) -> None:
 
 
 def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]:
-    """macspec on the pair, loaded once: each prompt plainly, then at each k and auto. Returns
-    the plain answers' texts by prompt."""
+    """macspec on the pair, loaded once: each prompt plainly, then at each k (`auto` too, if
+    asked). Returns the plain answers' texts by prompt."""
     from macspec.engine.core.events import Done
     from macspec.engine.core.sampling import SamplingParams
     from macspec.engine.drafters.model import ModelDrafter
@@ -120,7 +120,7 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]
     raw = encode_prompt(loaded.tokenizer, TEMPLATE.format(prompts[0]), raw=True)
     assert raw == encode_prompt(loaded.tokenizer, prompts[0]), "the template differs"
     plain_engine = Engine(loaded.target, loaded.tokenizer)
-    tallies = {f"macspec -k {spec}": Tally() for spec in [*args.k, "auto"]}
+    tallies = {f"macspec -k {spec}": Tally() for spec in args.k}
     plain_texts: dict[str, str] = {}
     try:
         for text in prompts:
@@ -128,7 +128,7 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]
             ids = encode_prompt(loaded.tokenizer, TEMPLATE.format(text), raw=True)
             plain = done_of(plain_engine, ids)
             results = {}  # a prompt counts once every configuration has answered it
-            for spec in [*args.k, "auto"]:
+            for spec in args.k:
                 drafter = ModelDrafter(loaded.draft, vocab_size=loaded.vocab_size)
                 policy = make_policy(spec)
                 engine = Engine(loaded.target, loaded.tokenizer, drafter, policy, loaded.vocab_size)
@@ -184,7 +184,7 @@ def llamacpp_side(args: argparse.Namespace, prompts: list[str], macspec_plain: d
     """llama.cpp's plain greedy answer per prompt, then its speculative one at each k."""
     common = ["-n", str(args.tokens), "--temp", "0", "-t", str(args.threads), "-c", "1024"]
     common.append("--no-escape")
-    tallies = {f"llama.cpp --spec-draft-n-max {k}": Tally() for k in args.k}
+    tallies = {f"llama.cpp --spec-draft-n-max {k}": Tally() for k in args.k if k != "auto"}
     agree = compared = 0
     try:
         for text in prompts:
@@ -193,7 +193,7 @@ def llamacpp_side(args: argparse.Namespace, prompts: list[str], macspec_plain: d
                 [str(args.bin / "llama-completion"), "-m", str(args.target), "-p", prompt]
                 + ["-no-cnv", *common]
             )
-            answers = {k: llama_speculative(args, prompt, k, common) for k in args.k}
+            answers = {k: llama_speculative(args, prompt, k, common) for k in args.k if k != "auto"}
             if text in macspec_plain:
                 compared += 1
                 agree += begins(plain, macspec_plain[text])
@@ -227,7 +227,9 @@ def main() -> None:
     parser.add_argument("target", type=Path)
     parser.add_argument("draft", type=Path)
     parser.add_argument("--bin", type=Path, help="llama.cpp's build/bin (else macspec alone)")
-    parser.add_argument("--k", default="3,5,8", help="fixed draft lengths (macspec adds auto)")
+    parser.add_argument(
+        "--k", default="3,5,8,auto", help="draft lengths (auto: macspec's priced length alone)"
+    )
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts")
     parser.add_argument(
@@ -238,7 +240,7 @@ def main() -> None:
     # `kill PID` (or Ctrl-C, even in a background job that ignores it) prints the tables so far
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, signal.default_int_handler)
-    args.k = [int(k) for k in args.k.split(",")]
+    args.k = [k if k == "auto" else int(k) for k in args.k.split(",")]
     prompts = PROMPTS[: args.prompts]
     macspec_plain = {} if args.no_macspec else macspec_side(args, prompts)
     if args.bin is not None:  # the prompts macspec answered (all, unless cut short by Ctrl-C)
