@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import oracle_gemma3n
 from ggufkit import hf_tokenizer_writer
 from oracletensors import LLAMA_FAMILY, VISION, converted, ollama_vision_tensors
 from toolkit import qwen3_files
@@ -127,6 +128,7 @@ ARCHS["gpt-oss"] = TinyArch(  # gpt-oss-20b's shape, float experts (a bf16 check
         tie_word_embeddings=False,
     ),
 )
+ARCHS["gemma3n"] = TinyArch("gemma3n", dict(_BASE, **oracle_gemma3n.OWN_CONFIG))
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
@@ -213,15 +215,20 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     spec = ARCHS[name]
     seed = spec.seed if seed is None else seed
     config, arch = spec.config, spec.arch
-    tokenizer = qwen3_files(folder / "tokenizer")
+    gemma3n = arch == "gemma3n"
+    tokenizer = (oracle_gemma3n.tokenizer if gemma3n else qwen3_files)(folder / "tokenizer")
     path = folder / f"{name}.gguf"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
-    _write_parameters(writer, config, arch, spec.ollama_vision)
+    if gemma3n:
+        oracle_gemma3n.write_parameters(writer, config)
+    else:
+        _write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
     kind = gguf.MODEL_ARCH[arch.upper().replace("-", "_")]
     names = gguf.get_tensor_name_map(kind, config["num_hidden_layers"])
-    for hf_name, array in converted(config, arch, seed):
+    tensors = oracle_gemma3n.converted if gemma3n else lambda c, s: converted(c, arch, s)
+    for hf_name, array in tensors(config, seed):
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if spec.mxfp4_experts and gguf_name.endswith("_exps.weight"):
             mxfp4 = gguf.GGMLQuantizationType.MXFP4
@@ -250,6 +257,12 @@ def prompts(seed: int = SEED) -> list[list[int]]:
     """Three prompts of ordinary token ids (below Qwen3's specials): 1, 7 and 20 ids long."""
     rng = np.random.RandomState(seed + 1)
     return [rng.randint(0, 151_643, size=n).tolist() for n in (1, 7, 20)]
+
+
+def prompts_of(name: str) -> list[list[int]]:
+    """The prompts llama.cpp answered for `name`'s tiny file."""
+    spec = ARCHS[name]
+    return oracle_gemma3n.prompts(spec.seed) if spec.arch == "gemma3n" else prompts(spec.seed)
 
 
 def rebuilt(name: str, folder: Path) -> Path:
@@ -307,6 +320,15 @@ def greedy_steps(model, prompt_ids: list[list[int]], steps: int) -> list:
             fed = [chosen]
         answers.append(answer)
     return answers
+
+
+def oracle_case(name: str, folder: Path) -> tuple:
+    """(`name`'s tiny file rebuilt in `folder`, macspec's model of it, llama.cpp's recorded
+    answer, its prompts)."""
+    path = rebuilt(name, folder)
+    recorded = fixture(name)
+    prompts = [answer["prompt"] for answer in recorded["prompts"]]
+    return path, macspec_model(path, folder / "home"), recorded, prompts
 
 
 def macspec_steps(path: Path, home: Path, prompt_ids: list[list[int]], steps: int) -> list:

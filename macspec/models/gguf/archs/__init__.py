@@ -7,6 +7,7 @@ from __future__ import annotations
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Architecture
 from macspec.models.gguf.archs.gemma3 import Gemma3
+from macspec.models.gguf.archs.gemma3n import Gemma3n
 from macspec.models.gguf.archs.gpt_oss import GptOss
 from macspec.models.gguf.archs.llama import Llama, Mistral3
 from macspec.models.gguf.archs.phi3 import Phi3
@@ -16,7 +17,17 @@ from macspec.models.gguf.header import GGUFHeader
 
 ARCHITECTURES: dict[str, Architecture] = {
     arch.name: arch
-    for arch in (Llama(), Mistral3(), Qwen2(), Qwen3(), Qwen3Moe(), Gemma3(), Phi3(), GptOss())
+    for arch in (
+        Llama(),
+        Mistral3(),
+        Qwen2(),
+        Qwen3(),
+        Qwen3Moe(),
+        Gemma3(),
+        Phi3(),
+        GptOss(),
+        Gemma3n(),
+    )
 }
 """GGUF's `general.architecture` -> how macspec reads it."""
 
