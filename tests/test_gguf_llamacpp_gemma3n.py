@@ -24,10 +24,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from losslesskit import reference
 from mlx_lm.models import gemma3n
 from oraclekit import greedy_steps, oracle_case
 
 from macspec.cli import main
+from macspec.engine.batch.engine import BatchEngine
+from macspec.engine.drafters.lookup import LookupDrafter
+from macspec.engine.generate.loop import GenerationConfig
+from macspec.engine.policy.length import FixedPolicy
 
 NAME = "gemma3n"
 GEMMA3N_TOLERANCE = 0.05
@@ -117,3 +122,21 @@ def test_lookup_drafts_are_lossless(loaded, tmp_path, capsys, monkeypatch):
         records[draft] = json.loads(capsys.readouterr().out)
     assert len(records["--no-draft"]["tokens"]) == 24
     assert records["--draft=lookup"]["tokens"] == records["--no-draft"]["tokens"]
+    assert records["--draft=lookup"]["stats"]["draft_proposed"] > 0  # drafted, rolled back
+
+
+def test_batched_rows_are_each_the_target_alone(loaded, tok):
+    """Rows of `serve`'s batch (each its own length in one cache) through the shared layers,
+    lookup drafts rolled back per row: each row is the target's own greedy answer."""
+    model = loaded[1]
+    prompts = [[5, 9, 17, 300, 5, 9, 17, 300, 5, 9], [44, 12, 99], [7] * 12]
+    wants = [reference(model, p, 12, eos=frozenset()) for p in prompts]
+    engine = BatchEngine(model, tok, lambda: LookupDrafter(), lambda d: FixedPolicy(3))
+    rows = [engine.admit(p, GenerationConfig(max_tokens=12)) for p in prompts]
+    for row in rows:
+        while not engine.prefill_step(row, chunk=5):
+            engine.step()
+    while any(row.done is None for row in rows):
+        engine.step()
+    assert [row.done.tokens for row in rows] == wants
+    assert max(row.done.stats.rows_per_pass for row in rows) > 1
