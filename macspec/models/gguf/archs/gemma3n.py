@@ -16,6 +16,7 @@ key. The config below is what llama.cpp computes, so that macspec answers as it 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -71,7 +72,7 @@ class Gemma3n(Architecture):
         """mlx-lm's gemma3n reads a multimodal config: the text model's under `text_config`."""
         if "output.weight" in header.tensors:
             raise MacspecError(f"{header.path}: a gemma3n file with its own output matrix")
-        text = super().config(header)
+        text = super().config(_with_ollama_keys(header))
         return {"model_type": self.model_type, "text_config": text}
 
     def extra_config(
@@ -80,14 +81,17 @@ class Gemma3n(Architecture):
         blocks = config["num_hidden_layers"]
         layer_types = _layer_types(header, key, blocks)
         _check_shared_kv(header, layer_types)
-        ff = key("feed_forward_length")
+        widths = key.get("feed_forward_lengths")
+        ff = config["intermediate_size"] if widths is None or len(set(widths)) == 1 else widths
         per_layer = header.tensors["per_layer_token_embd.weight"].shape
         return {
             "model_type": "gemma3n_text",
-            "intermediate_size": ff if isinstance(ff, int) else [int(n) for n in ff],
+            "intermediate_size": ff,
             "layer_types": layer_types,
             "sliding_window": int(key("attention.sliding_window")),
-            "rope_local_base_freq": float(key("rope.freq_base_swa", 10_000.0)),
+            "rope_local_base_freq": float(
+                key("rope.freq_base_swa", key("rope.freq_base_local", 10_000.0))
+            ),
             "num_kv_shared_layers": max(0, blocks - KV_LAYERS),
             # llama.cpp looks every id up in the padded table (zero rows past the text ids)
             "vocab_size_per_layer_input": int(per_layer[0]),
@@ -141,6 +145,20 @@ def _model_classes(config: dict) -> tuple[type, type]:
             return weights
 
     return Model, gemma3n.ModelArgs
+
+
+def _with_ollama_keys(header: GGUFHeader) -> GGUFHeader:
+    """Ollama's convert_gemma3n.go names the head size `gemma3n.head_dim` (llama.cpp's converter
+    `attention.key_length`), and may write the feed-forward width once per layer; the header as
+    the common keys read it (the per-layer widths stay for `extra_config`)."""
+    meta, extra = header.metadata, {}
+    if "gemma3n.attention.key_length" not in meta and "gemma3n.head_dim" in meta:
+        extra["gemma3n.attention.key_length"] = meta["gemma3n.head_dim"]
+    widths = meta.get("gemma3n.feed_forward_length")
+    if widths is not None and not isinstance(widths, int):
+        extra["gemma3n.feed_forward_length"] = max(int(n) for n in widths)
+        extra["gemma3n.feed_forward_lengths"] = [int(n) for n in widths]
+    return replace(header, metadata={**meta, **extra}) if extra else header
 
 
 def _layer_types(header: GGUFHeader, key: Metadata, blocks: int) -> list[str]:
