@@ -15,22 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import oracle_gemma3n
 import oracle_qwen35
 from ggufkit import hf_tokenizer_writer
 from oracle_granite import (
     GRANITE_HYBRID,
     GRANITE_HYBRID_MOE,
     granite_hybrid_converted,
-    write_granite_hybrid_parameters,
 )
+from oracle_parameters import write_parameters
 from oracletensors import (
-    LLAMA_FAMILY,
-    VISION,
     converted,
     ollama_vision_tensors,
     phi3_longrope_factors,
@@ -179,94 +177,12 @@ ARCHS["qwen35moe"] = TinyArch(  # Qwen3.5-35B-A3B's shape: experts, a shared exp
         "shared_expert_intermediate_size": 32,
     },
 )
+ARCHS["gemma3n"] = TinyArch("gemma3n", dict(_BASE, **oracle_gemma3n.OWN_CONFIG))
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)
 """Each architecture's tiny Hugging Face config (the converter's input); gemma3-ollama is
 gemma3's text model with Ollama's vision tower beside it (llama.cpp refuses the file: its
 answer is gemma3's); gpt-oss-mxfp4 is gpt-oss with the published files' MXFP4 experts."""
-
-
-def _write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> None:
-    """TextModel.set_gguf_parameters, then the architecture's own keys."""
-    import gguf
-
-    if arch == "phi3":
-        _write_phi3_parameters(writer, config)
-        return
-    if arch == "granitehybrid":
-        write_granite_hybrid_parameters(writer, config)
-        return
-    if arch in ("qwen35", "qwen35moe"):
-        oracle_qwen35.write_parameters(writer, config)
-        return
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    if not ollama:  # Ollama's multimodal Gemma 3 leaves these to its engine's defaults
-        writer.add_rope_freq_base(config["rope_theta"])
-        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    scaling = config.get("rope_scaling")
-    if scaling:  # yarn's keys, as TextModel writes them
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(scaling["factor"])
-        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
-        writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
-        writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
-    experts = config.get("num_experts", config.get("num_local_experts"))
-    if experts:
-        writer.add_expert_count(experts)
-        writer.add_expert_used_count(config["num_experts_per_tok"])
-    if "head_dim" in config:
-        writer.add_key_length(config["head_dim"])
-        writer.add_value_length(config["head_dim"])
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    if arch in LLAMA_FAMILY:  # LlamaModel.set_gguf_parameters
-        writer.add_vocab_size(config["vocab_size"])
-        writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
-    if arch == "qwen3moe":  # Qwen2MoeModel.set_gguf_parameters
-        writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
-    if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters
-        writer.add_sliding_window(config["sliding_window"])
-        writer.add_expert_feed_forward_length(config["intermediate_size"])
-    if arch == "gemma3":  # Gemma3Model.set_gguf_parameters writes these again, as here
-        writer.add_sliding_window(config["sliding_window"])
-    if ollama:  # convert_gemma3.go, Gemma3ForConditionalGeneration
-        for key in ("block_count", "embedding_length", "feed_forward_length"):
-            value = VISION[{"block_count": "layers", "embedding_length": "hidden"}.get(key, "ff")]
-            writer.add_uint32(f"gemma3.vision.{key}", value)
-        writer.add_uint32("gemma3.vision.image_size", VISION["image"])
-        writer.add_uint32("gemma3.vision.patch_size", VISION["patch"])
-        writer.add_uint32("gemma3.vision.num_channels", 3)
-        writer.add_uint32("gemma3.vision.attention.head_count", VISION["heads"])
-        writer.add_float32("gemma3.vision.attention.layer_norm_epsilon", 1e-6)
-        writer.add_uint32("gemma3.mm.tokens_per_image", 4)
-
-
-def _write_phi3_parameters(writer, config: dict) -> None:
-    """Phi3MiniModel.set_gguf_parameters (all its own; sliding window 0 marks Phi-4)."""
-    import gguf
-
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_rope_scaling_orig_ctx_len(config["original_max_position_embeddings"])
-    writer.add_embedding_length(hidden)
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(config["num_key_value_heads"])
-    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_dimension_count(int(config["partial_rotary_factor"] * hidden) // heads)
-    writer.add_rope_freq_base(config["rope_theta"])
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_sliding_window(0)
-    scaling = config.get("rope_scaling")
-    if scaling:  # Phi3MiniModel.generate_extra_tensors: LongRoPE's attention factor
-        scale = config["max_position_embeddings"] / config["original_max_position_embeddings"]
-        orig = config["original_max_position_embeddings"]
-        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
 
 
 def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
@@ -276,11 +192,15 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
     spec = ARCHS[name]
     seed = spec.seed if seed is None else seed
     config, arch = spec.config, spec.arch
-    tokenizer = qwen3_files(folder / "tokenizer")
+    gemma3n = arch == "gemma3n"
+    tokenizer = (oracle_gemma3n.tokenizer if gemma3n else qwen3_files)(folder / "tokenizer")
     path = folder / f"{name}.gguf"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
-    _write_parameters(writer, config, arch, spec.ollama_vision)
+    if gemma3n:
+        oracle_gemma3n.write_parameters(writer, config)
+    else:
+        write_parameters(writer, config, arch, spec.ollama_vision)
     hf_tokenizer_writer(tokenizer, config["vocab_size"], "qwen2")(writer)  # _set_vocab_gpt2
     kind = next(kind for kind, known in gguf.MODEL_ARCH_NAMES.items() if known == arch)
     blocks = config["num_hidden_layers"] + config.get("mtp_num_hidden_layers", 0)
@@ -290,6 +210,8 @@ def write_tiny_gguf(name: str, folder: Path, seed: int | None = None) -> Path:
         tensors = granite_hybrid_converted(config, seed)
     elif qwen35:
         tensors = oracle_qwen35.converted(config, seed)
+    elif gemma3n:
+        tensors = oracle_gemma3n.converted(config, seed)
     else:
         tensors = converted(config, arch, seed)
     for hf_name, array in tensors:
@@ -326,6 +248,12 @@ def prompts(seed: int = SEED) -> list[list[int]]:
     """Three prompts of ordinary token ids (below Qwen3's specials): 1, 7 and 20 ids long."""
     rng = np.random.RandomState(seed + 1)
     return [rng.randint(0, 151_643, size=n).tolist() for n in (1, 7, 20)]
+
+
+def prompts_of(name: str) -> list[list[int]]:
+    """The prompts llama.cpp answered for `name`'s tiny file."""
+    spec = ARCHS[name]
+    return oracle_gemma3n.prompts(spec.seed) if spec.arch == "gemma3n" else prompts(spec.seed)
 
 
 def rebuilt(name: str, folder: Path) -> Path:
@@ -383,6 +311,15 @@ def greedy_steps(model, prompt_ids: list[list[int]], steps: int) -> list:
             fed = [chosen]
         answers.append(answer)
     return answers
+
+
+def oracle_case(name: str, folder: Path) -> tuple:
+    """(`name`'s tiny file rebuilt in `folder`, macspec's model of it, llama.cpp's recorded
+    answer, its prompts)."""
+    path = rebuilt(name, folder)
+    recorded = fixture(name)
+    prompts = [answer["prompt"] for answer in recorded["prompts"]]
+    return path, macspec_model(path, folder / "home"), recorded, prompts
 
 
 def macspec_steps(path: Path, home: Path, prompt_ids: list[list[int]], steps: int) -> list:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models import switch_layers
-from oraclekit import fixture, greedy_steps, macspec_model, rebuilt
+from oraclekit import greedy_steps, oracle_case
 from test_gguf_llamacpp import LOGIT_TOLERANCE, max_logit_difference
 
 from macspec.models.gguf.archs.gpt_oss import GptOss
@@ -31,11 +31,7 @@ float32 additions may differ (measured 0.0 on MLX's CPU)."""
 
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
-    folder = tmp_path_factory.mktemp(NAME)
-    path = rebuilt(NAME, folder)
-    recorded = fixture(NAME)
-    prompts = [answer["prompt"] for answer in recorded["prompts"]]
-    return path, macspec_model(path, folder / "home"), recorded, prompts
+    return oracle_case(NAME, tmp_path_factory.mktemp(NAME))
 
 
 def q8_0(x: mx.array) -> mx.array:

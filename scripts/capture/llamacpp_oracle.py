@@ -52,7 +52,7 @@ def capture(name: str, binary: Path, folder: Path, source: Path) -> dict:
     """llama.cpp's answer for `name`'s tiny file (written into `folder`)."""
     path = oraclekit.write_tiny_gguf(name, folder)
     digest = oraclekit.sha256(path)
-    prompt_ids = oraclekit.prompts(oraclekit.ARCHS[name].seed)
+    prompt_ids = oraclekit.prompts_of(name)
     command = [str(binary), str(path), str(STEPS), str(TOP_K)]
     command += [",".join(map(str, ids)) for ids in prompt_ids]
     done = subprocess.run(command, capture_output=True, text=True)

@@ -38,6 +38,8 @@ class RowsKVCache:
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.lengths: list[int] = []
+        self.fetched = 0
+        """How many columns the last update_and_fetch returned."""
         self.offset = mx.zeros((0,), mx.int32)
         """Each row's length: where its next ids go, and their rope offset."""
         self.tree: tuple[mx.array, mx.array] | None = None
@@ -71,7 +73,13 @@ class RowsKVCache:
         columns = self.offset[:, None] + mx.arange(width)
         self.keys = put_columns(self.keys, columns, keys)
         self.values = put_columns(self.values, columns, values)
-        return self.keys[..., :end, :], self.values[..., :end, :]
+        self.fetched = end
+        return self.keys_and_values()
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """What the pass's update_and_fetch gave: Gemma 3n's last layers read the keys and
+        values of an earlier layer's cache, after it, in the same pass."""
+        return self.keys[..., : self.fetched, :], self.values[..., : self.fetched, :]
 
     def make_mask(
         self, n: int, return_array: bool = False, window_size: int | None = None

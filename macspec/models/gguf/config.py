@@ -47,13 +47,14 @@ def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, 
         if scales is None or arch.is_config(name) or arch.is_unused(name, header):
             continue
         width = tensor.shape[-1]
-        module = arch.mlx_name(name).removesuffix(".weight")
-        per_module[module] = {
+        entry: dict[str, Any] = {
             "group_size": width // scales.shape[-1],
             "bits": weights[name].shape[-1] * 32 // width,  # uint32 words hold 32 bits each
         }
         if tensor.qtype == GGMLQuantizationType.MXFP4:  # kquants keeps it MLX's own mxfp4
-            per_module[module]["mode"] = "mxfp4"
+            entry["mode"] = "mxfp4"
+        for module in arch.mlx_modules(name):
+            per_module[module] = dict(entry)
     if not per_module:
         return {}
     first = next(iter(per_module.values()))
@@ -64,9 +65,10 @@ def to_mlx(header: GGUFHeader, config: dict[str, Any], weights: dict[str, mx.arr
     """GGUF tensors (by GGUF name) as mlx-lm's weights for `config`'s model."""
     arch = architecture_of(header)
     return {
-        arch.mlx_name(name): arch.undo(name, value, config)
-        for name, value in arch.fused(weights).items()
+        mlx_name: value
+        for name, tensor in arch.fused(weights).items()
         if not arch.is_config(name) and not arch.is_unused(name, header)
+        for mlx_name, value in arch.mlx_tensors(name, tensor, config)
     }
 
 

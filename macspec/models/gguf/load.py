@@ -12,6 +12,7 @@ import mlx.nn as nn
 
 from macspec.errors import MacspecError
 from macspec.models.gguf import layout as layouts
+from macspec.models.gguf.archs import architecture_of
 from macspec.models.gguf.config import quantization, rope_factors, to_mlx
 from macspec.models.gguf.folder import check_types, gguf_entry
 from macspec.models.gguf.header import GGUFHeader
@@ -52,8 +53,13 @@ def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
     if layout is Layout.COMPACT:
         weights = _in_activation_dtype(weights, needs_conversion(header))
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
+    classes = architecture_of(header).model_classes()
     model, config = load_model(
-        folder, lazy=True, strict=False, model_config=quantization(header, weights)
+        folder,
+        lazy=True,
+        strict=False,
+        model_config=quantization(header, weights),
+        **({"get_model_classes": classes} if classes else {}),
     )
     factors = rope_factors(header, weights)
     weights = to_mlx(header, config, weights)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Architecture
 from macspec.models.gguf.archs.gemma3 import Gemma3
+from macspec.models.gguf.archs.gemma3n import Gemma3n
 from macspec.models.gguf.archs.gpt_oss import GptOss
 from macspec.models.gguf.archs.granite_hybrid import GraniteHybrid
 from macspec.models.gguf.archs.llama import Llama, Mistral3
@@ -30,6 +31,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Qwen35(),
         Qwen35Moe(),
         GraniteHybrid(),
+        Gemma3n(),
     )
 }
 """GGUF's `general.architecture` -> how macspec reads it."""

@@ -6,7 +6,7 @@ not the text model's."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import mlx.core as mx
@@ -166,4 +166,19 @@ class Architecture:
         return value
 
     def rope_factors(self, weights: Mapping[str, mx.array]) -> mx.array | None:
+        return None
+
+    def mlx_tensors(
+        self, name: str, value: mx.array, config: dict[str, Any]
+    ) -> Iterator[tuple[str, mx.array]]:
+        """The GGUF tensor as mlx-lm's weights: one, unless the converter stacked several."""
+        yield self.mlx_name(name), self.undo(name, value, config)
+
+    def mlx_modules(self, name: str) -> list[str]:
+        """The mlx-lm modules the GGUF tensor `name` is the weight of (their quantization)."""
+        return [self.mlx_name(name).removesuffix(".weight")]
+
+    def model_classes(self) -> Callable[[dict], tuple[type, type]] | None:
+        """mlx-lm's model and argument classes for a config, where its own do not load a
+        GGUF's weights (None: mlx-lm's choice)."""
         return None
