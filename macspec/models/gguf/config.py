@@ -40,14 +40,26 @@ def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, 
     widths against the tensor's own (MXFP4's mode too: mlx-lm passes each module's entry to its
     `to_quantized`, gpt_oss's stacked experts' included)."""
     arch = architecture_of(header)
+    names = {
+        name: arch.mlx_name(name)
+        for name in header.tensors
+        if not arch.is_config(name) and not arch.is_unused(name, header)
+    }
+    return quantized_modules(header, weights, names)
+
+
+def quantized_modules(
+    header: GGUFHeader, weights: dict[str, mx.array], names: dict[str, str]
+) -> dict[str, Any]:
+    """`quantization`'s entry for the tensors `names` maps (GGUF name -> MLX weight name)."""
     per_module: dict[str, Any] = {}
-    for name, tensor in header.tensors.items():
-        stem = name.removesuffix(".weight")
-        scales = weights.get(f"{stem}.scales")
-        if scales is None or arch.is_config(name) or arch.is_unused(name, header):
+    for name, mlx in names.items():
+        tensor = header.tensors[name]
+        scales = weights.get(f"{name.removesuffix('.weight')}.scales")
+        if scales is None:
             continue
         width = tensor.shape[-1]
-        module = arch.mlx_name(name).removesuffix(".weight")
+        module = mlx.removesuffix(".weight")
         per_module[module] = {
             "group_size": width // scales.shape[-1],
             "bits": weights[name].shape[-1] * 32 // width,  # uint32 words hold 32 bits each
