@@ -15,6 +15,8 @@ from oraclekit import ARCHS, write_tiny_gguf
 from test_cli_faults import run_cli
 
 from macspec.models import hub
+from macspec.models.build import drafter_folders
+from macspec.models.catalog import ResolvedModels
 from macspec.models.drafters import drafter_kind, load_mtp, read_config, sanitize_mtp
 from macspec.models.gguf.layout import Layout
 from macspec.models.gguf.mtp import gguf_mtp_head
@@ -76,6 +78,8 @@ def test_the_head_is_the_checkpoints_mtp_tensors(root, name):
     assert read_config(head)["text_config"]["mtp_num_hidden_layers"] == 1
     load_mtp(head, read_config(folder))  # as a published MTP folder: norms about 1
     assert describe_gguf(root / name / f"{name}.gguf").carried_drafts == ("mtp",)
+    resolved = ResolvedModels(folder, None, name, None, None)
+    assert drafter_folders(resolved, "auto") == {"mtp": folder / "mtp"}  # the default layout's
 
 
 def test_draft_mtp_is_the_targets_own_greedy_answer(root, capsys, monkeypatch):
