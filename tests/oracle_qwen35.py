@@ -63,7 +63,8 @@ def write_parameters(writer, config: dict) -> None:
     if "num_experts" in config:  # Qwen2MoeModel.set_gguf_parameters
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
         writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
-    writer.add_nextn_predict_layers(mtp)
+    if mtp:  # _QwenMtpMixin writes the key only for a head
+        writer.add_nextn_predict_layers(mtp)
     writer.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
     writer.add_ssm_state_size(config["linear_key_head_dim"])
     writer.add_ssm_group_count(config["linear_num_key_heads"])
@@ -153,6 +154,8 @@ def hf_weights(config: dict, seed: int) -> Iterator[tuple[str, np.ndarray]]:
         yield from block(f"model.layers.{i}", kind == "linear_attention")
     yield "model.norm.weight", values(hidden)
     yield "lm_head.weight", matrix(config["vocab_size"], hidden, 8.0)
+    if not config["mtp_num_hidden_layers"]:  # a checkpoint without a head, or --no-mtp
+        return
     mtp = f"model.layers.{layers}"
     yield from block(mtp, linear=False)
     yield f"{mtp}.eh_proj.weight", matrix(hidden, 2 * hidden)

@@ -118,9 +118,11 @@ def pair_model_path(pair: Pair, name: str) -> Path:
 def carried_head(folder: Path, kind: str) -> Path | None:
     """The drafter of `kind` ('dflash', 'mtp', ...) a folder derived from an Ollama MLX
     manifest carries (x/create/draft.go: `draft.` tensors and draft/config.json; or the
-    target's own `mtp.*` tensors), or None."""
+    target's own `mtp.*` tensors), or a GGUF file's MTP layer; None without one."""
     if tensor_entry(folder) is None:
-        return None
+        from macspec.models.gguf.mtp import gguf_mtp_head
+
+        return gguf_mtp_head(folder) if kind == "mtp" else None
     from macspec.models.drafters import drafter_kind
 
     for config in (DRAFT_CONFIG, MTP_CONFIG):

@@ -40,11 +40,24 @@ def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, 
     widths against the tensor's own (MXFP4's mode too: mlx-lm passes each module's entry to its
     `to_quantized`, gpt_oss's stacked experts' included)."""
     arch = architecture_of(header)
+    modules = {
+        name: arch.mlx_modules(name)
+        for name in header.tensors
+        if not arch.is_config(name) and not arch.is_unused(name, header)
+    }
+    return quantized_modules(header, weights, modules)
+
+
+def quantized_modules(
+    header: GGUFHeader, weights: dict[str, mx.array], modules: dict[str, list[str]]
+) -> dict[str, Any]:
+    """`quantization`'s entry for the tensors `modules` maps (GGUF name -> the MLX modules it
+    is the weight of)."""
     per_module: dict[str, Any] = {}
-    for name, tensor in header.tensors.items():
-        stem = name.removesuffix(".weight")
-        scales = weights.get(f"{stem}.scales")
-        if scales is None or arch.is_config(name) or arch.is_unused(name, header):
+    for name, targets in modules.items():
+        tensor = header.tensors[name]
+        scales = weights.get(f"{name.removesuffix('.weight')}.scales")
+        if scales is None:
             continue
         width = tensor.shape[-1]
         entry: dict[str, Any] = {
@@ -53,7 +66,7 @@ def quantization(header: GGUFHeader, weights: dict[str, mx.array]) -> dict[str, 
         }
         if tensor.qtype == GGMLQuantizationType.MXFP4:  # kquants keeps it MLX's own mxfp4
             entry["mode"] = "mxfp4"
-        for module in arch.mlx_modules(name):
+        for module in targets:
             per_module[module] = dict(entry)
     if not per_module:
         return {}

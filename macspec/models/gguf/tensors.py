@@ -12,7 +12,7 @@ scales, so the whole model computes in float32 as gguf's own dequantization does
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import ExitStack
 from pathlib import Path
 from typing import BinaryIO
@@ -233,19 +233,24 @@ holds besides the weights stays small."""
 
 
 def read_tensors(
-    header: GGUFHeader, layout: Layout, progress: Progress | None = None
+    header: GGUFHeader,
+    layout: Layout,
+    progress: Progress | None = None,
+    names: Collection[str] | None = None,
 ) -> dict[str, mx.array]:
-    """Every tensor, by GGUF name (`blk.0.attn_q.weight`, with `.scales`/`.biases` beside a
-    quantized one), evaluated. Read tensor by tensor rather than by `mx.load`, which holds
-    the whole file twice while it reads and gives BF16 as float16. `progress` hears the
-    tensor bytes read so far after each tensor."""
+    """Every tensor (or those `names` gives), by GGUF name (`blk.0.attn_q.weight`, with
+    `.scales`/`.biases` beside a quantized one), evaluated, as the whole file converts them.
+    Read tensor by tensor rather than by `mx.load`, which holds the whole file twice while it
+    reads and gives BF16 as float16. `progress` hears the tensor bytes read so far after each
+    tensor."""
     out: dict[str, mx.array] = {}
     kquant_file = needs_conversion(header)
-    total = sum(t.nbytes for t in header.tensors.values())
+    tensors = [t for t in header.tensors.values() if names is None or t.name in names]
+    total = sum(t.nbytes for t in tensors)
     done = 0
     with ExitStack() as stack:
         files: dict[Path, BinaryIO] = {}  # a split model's parts, each opened once
-        for tensor in header.tensors.values():
+        for tensor in tensors:
             if tensor.file not in files:
                 files[tensor.file] = stack.enter_context(open(tensor.file, "rb"))
             stem = tensor.name.removesuffix(".weight")

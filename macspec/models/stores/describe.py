@@ -37,7 +37,8 @@ class Description:
     """The tokenizer fingerprint: a hash of the vocabulary and merges (see `header`)."""
     vocab_size: int | None = None
     carried_drafts: tuple[str, ...] = ()
-    """Drafters the model carries inside it ('dflash': an Ollama manifest's `draft.`)."""
+    """Drafters the model carries inside it ('dflash': an Ollama manifest's `draft.`; 'mtp':
+    its own MTP layer)."""
 
 
 def _int(value: Any) -> int | None:
@@ -60,6 +61,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     """A GGUF file from its header; `file_type` (Ollama's config says it) when the header's
     own `general.file_type` is missing."""
     from macspec.models.gguf.layout import default_layout  # mlx: not at start-up
+    from macspec.models.gguf.mtp import nextn_layers
     from macspec.models.gguf.tensors import compute_dtype, resident_bytes
 
     try:  # one read: the metadata, the tensor table (no vocabulary) and a split model's parts
@@ -94,6 +96,7 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
         memory,
         header.tokenizer_digest,
         header.array_lengths.get("tokenizer.ggml.tokens"),
+        ("mtp",) if nextn_layers(header) else (),
     )
 
 

@@ -14,8 +14,9 @@ _LinearAttentionVReorderBase) changes, and this module undoes:
 The full attention's `attn_q` keeps query and output gate per head, as mlx-lm reads it.
 
 The MTP layers (`nextn_predict_layers`) come after the decoder's as extra blocks; llama.cpp's
-main pass does not run them, and macspec does not read them from a GGUF file yet. The rope is
-interleaved MRoPE; on text every section has the same position, so it is mlx-lm's partial rope.
+main pass does not run them, nor does the target here: they become its MTP drafter (mtp.py).
+The rope is interleaved MRoPE; on text every section has the same position, so it is mlx-lm's
+partial rope.
 """
 
 from __future__ import annotations
@@ -97,11 +98,6 @@ class Qwen35(Architecture):
         key = Metadata(header)
         layers = int(key("block_count")) - int(key("nextn_predict_layers", 0))
         return int(name.split(".")[1]) >= layers
-
-    def notices(self, header: GGUFHeader) -> list[str]:
-        if int(Metadata(header)("nextn_predict_layers", 0)):
-            return ["its MTP layer is not used yet: a GGUF target drafts by lookup or draft model"]
-        return []
 
     def undo(self, name: str, value: mx.array, config: dict[str, Any]) -> mx.array:
         part = name.split(".")[2] if name.startswith("blk.") else ""
