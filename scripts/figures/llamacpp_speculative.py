@@ -236,12 +236,17 @@ def main() -> None:
         "--threads", type=int, default=1, help="llama.cpp's -t (1: a shared CPU starves a spin)"
     )
     parser.add_argument("--no-macspec", action="store_true", help="llama.cpp alone")
+    parser.add_argument(
+        "--pick", help="only these prompts, by number from 1 (e.g. 3,6,7: where another differed)"
+    )
     args = parser.parse_args()
     # `kill PID` (or Ctrl-C, even in a background job that ignores it) prints the tables so far
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, signal.default_int_handler)
     args.k = [k if k == "auto" else int(k) for k in args.k.split(",")]
     prompts = PROMPTS[: args.prompts]
+    if args.pick:
+        prompts = [PROMPTS[int(n) - 1] for n in args.pick.split(",")]
     macspec_plain = {} if args.no_macspec else macspec_side(args, prompts)
     if args.bin is not None:  # the prompts macspec answered (all, unless cut short by Ctrl-C)
         llamacpp_side(args, list(macspec_plain) or prompts, macspec_plain)
