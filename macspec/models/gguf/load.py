@@ -53,13 +53,12 @@ def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
     if layout is Layout.COMPACT:
         weights = _in_activation_dtype(weights, needs_conversion(header))
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
-    classes = architecture_of(header).model_classes()
     model, config = load_model(
         folder,
         lazy=True,
         strict=False,
         model_config=quantization(header, weights),
-        **({"get_model_classes": classes} if classes else {}),
+        get_model_classes=architecture_of(header).model_classes(),
     )
     factors = rope_factors(header, weights)
     weights = to_mlx(header, config, weights)

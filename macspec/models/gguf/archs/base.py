@@ -178,7 +178,9 @@ class Architecture:
         """The mlx-lm modules the GGUF tensor `name` is the weight of (their quantization)."""
         return [self.mlx_name(name).removesuffix(".weight")]
 
-    def model_classes(self) -> Callable[[dict], tuple[type, type]] | None:
-        """mlx-lm's model and argument classes for a config, where its own do not load a
-        GGUF's weights (None: mlx-lm's choice)."""
-        return None
+    def model_classes(self) -> Callable[[dict], tuple[type, type]]:
+        """mlx-lm's model and argument classes for a config (an architecture whose mlx-lm
+        class does not load a GGUF's weights gives its own)."""
+        from mlx_lm.utils import _get_classes
+
+        return _get_classes
