@@ -158,3 +158,28 @@ def test_a_gpu_computes_in_float16_with_no_float32_weight_left(tmp_path, monkeyp
     dtypes = {value.dtype for _, value in tree_flatten(model.parameters())}
     assert mx.float32 not in dtypes and mx.float16 in dtypes
     assert model(mx.array([[1, 2, 3]])).dtype == mx.float16
+
+
+def test_a_cpu_holds_the_head_scales_wide_and_widens_only_the_embedding_rows_it_reads(
+    tmp_path, monkeypatch
+):
+    """float32 activations (this CPU): the untied head's scales float32 (no widening per pass),
+    the embedding's float16, its looked-up rows float32 and equal to float32 scales' rows."""
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path / "home"))
+    path = tiny_gguf(tmp_path, Q.Q5_0)
+    model = load_gguf_model(hub.local_model_path(str(path)), Layout.COMPACT)
+    embedding = model.model.embed_tokens
+    assert model.lm_head.scales.dtype == mx.float32
+    assert embedding.scales.dtype == mx.float16
+    ids = mx.array([[0, 5, 17, 200]])
+    rows = embedding(ids)
+    wide = mx.dequantize(
+        embedding.weight[ids],
+        embedding.scales[ids].astype(mx.float32),
+        embedding.biases[ids].astype(mx.float32),
+        embedding.group_size,
+        embedding.bits,
+    )
+    assert rows.dtype == mx.float32
+    np.testing.assert_array_equal(np.array(rows), np.array(wide))
+    assert model(ids).dtype == mx.float32

@@ -7,11 +7,11 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.utils import load as mlx_load
+from mlx_lm.utils import load_config, load_tokenizer
 from mlx_lm.utils import load_model as mlx_load_model
-from mlx_lm.utils import load_tokenizer
 
 from macspec.engine.drafters.suffix import SaidTokens
 from macspec.errors import MacspecError
@@ -87,24 +87,23 @@ def cannot_load(exc: Exception, path: Path, role: str) -> MacspecError:
 def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
     """mlx_lm.load on a local folder (checked first), its failures turned into one-line errors;
     with an mlx.distributed `group`, mlx-lm's sharded load: each rank keeps its slice of every
-    layer (tensor parallelism, `model.shard`)."""
+    layer (tensor parallelism, `model.shard`). The tokenizer loads first: its transient peak
+    (parsing a 151k-token vocabulary takes ~0.1 GB for a moment) then comes and goes before the
+    weights are held, not on top of them."""
     check_folder(path, role)
-    if gguf_source(path) is not None:
-        if group is not None:
+    if group is not None:
+        if gguf_source(path) is not None:
             raise MacspecError(f"{role} {gguf_source(path)}: a GGUF model cannot be sharded yet")
-        return load_gguf_model(path), draft_tokenizer(path, role)
-    if tensor_entry(path) is not None:  # Ollama's MLX layout: weights in the store's blobs
-        if group is not None:
+        if tensor_entry(path) is not None:
             raise MacspecError(f"{role} {path}: an Ollama MLX model cannot be sharded yet")
-        return load_tensor_model(path), draft_tokenizer(path, role)
-    try:
-        if group is not None:
+        try:
             return load_sharded(path, group)
-        return mlx_load(str(path))
-    except AssertionError as exc:  # mlx-lm's sharded load asserts on what it cannot split
-        raise cannot_load(ValueError(str(exc) or "cannot be sharded"), path, role) from None
-    except LOAD_ERRORS as exc:
-        raise cannot_load(exc, path, role) from None
+        except AssertionError as exc:  # mlx-lm's sharded load asserts on what it cannot split
+            raise cannot_load(ValueError(str(exc) or "cannot be sharded"), path, role) from None
+        except LOAD_ERRORS as exc:
+            raise cannot_load(exc, path, role) from None
+    tokenizer = draft_tokenizer(path, role)
+    return load_weights(path, role), tokenizer
 
 
 def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
@@ -127,22 +126,38 @@ def load_weights(path: Path, role: str) -> nn.Module:
     """The model alone (mlx-lm's load_model): its tokenizer is not loaded, only checked."""
     check_folder(path, role)
     if gguf_source(path) is not None:
-        return load_gguf_model(path)
-    if tensor_entry(path) is not None:
-        return load_tensor_model(path)
-    try:
-        return mlx_load_model(path)[0]
-    except LOAD_ERRORS as exc:
-        raise cannot_load(exc, path, role) from None
+        model = load_gguf_model(path)
+    elif tensor_entry(path) is not None:
+        model = load_tensor_model(path)
+    else:
+        try:
+            model = mlx_load_model(path)[0]
+        except LOAD_ERRORS as exc:
+            raise cannot_load(exc, path, role) from None
+    # What the load freed (a converted file's float16 scales cast to float32, a conversion's
+    # buffers) goes back to the system, not into MLX's cache for the whole run.
+    mx.clear_cache()
+    return model
 
 
 def draft_tokenizer(path: Path, role: str = "draft model") -> object:
-    """A model folder's tokenizer, with its config's end-of-sequence ids (as mlx_lm.load)."""
+    """A model folder's tokenizer, with the end-of-sequence ids of its config (or of its
+    generation_config), as mlx_lm.load gives it."""
     try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-        return load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+        config = load_config(path)
+        wrapper = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except LOAD_ERRORS as exc:
         raise cannot_load(exc, path, role) from None
+    drop_build_copies(wrapper._tokenizer)
+    return wrapper
+
+
+def drop_build_copies(tokenizer: object) -> None:
+    """transformers 5's BPE classes (GPT-2's, Llama's, Qwen2's) keep the Python vocabulary and
+    merges they built the Rust tokenizer from, and read them nowhere after `__init__`: about
+    50 MB for a 151k vocabulary, held for the whole run."""
+    for name in ("_vocab", "_merges"):
+        vars(tokenizer).pop(name, None)
 
 
 def _is_load_error(exc: RuntimeError) -> bool:

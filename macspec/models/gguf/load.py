@@ -20,11 +20,11 @@ from macspec.models.gguf.layout import Layout, default_layout
 from macspec.models.gguf.report import Conversion, progress_callback, reported
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import (
-    EMBEDDING_SCALES,
     exactness,
     needs_conversion,
     read_tensors,
     resident_bytes,
+    wide_scales,
 )
 
 CONVERTED = {Layout.EXACT: "converted.safetensors", Layout.COMPACT: "compact.safetensors"}
@@ -50,8 +50,14 @@ def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
     check_memory(header, layout)
     converting = needs_conversion(header) and not (folder / CONVERTED[layout]).is_file()
     weights = _converted_once(folder, header, layout)
+    compact_on_cpu = layout is Layout.COMPACT and layouts.activation_dtype() == mx.float32
+    wide = wide_scales(header) if compact_on_cpu and needs_conversion(header) else frozenset()
     if layout is Layout.COMPACT:
-        weights = _in_activation_dtype(weights, needs_conversion(header))
+        weights = _in_activation_dtype(weights, wide)
+        # Cast now, while nothing else is held: their float16 sources, freed into MLX's cache,
+        # would otherwise sit on top of every other weight at the load's peak.
+        mx.eval([weights[name] for name in wide & weights.keys()])
+        mx.clear_cache()
     # A lazy, non-strict load reads no weights: the model as config.json describes it.
     model, config = load_model(
         folder,
@@ -72,6 +78,8 @@ def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
         raise MacspecError(f"{path}: its tensors do not fit its metadata ({reason})") from None
     if factors is not None:
         _set_rope_factors(model, factors)
+    if wide:  # a converted file on a CPU
+        _widen_looked_up_rows(model)
     mx.eval(model.parameters())
     try:  # the folder's time is when it was last used (`macspec cache` shows it)
         os.utime(folder)
@@ -83,24 +91,46 @@ def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
     return model
 
 
-def _in_activation_dtype(weights: dict[str, mx.array], converted: bool) -> dict[str, mx.array]:
+def _in_activation_dtype(weights: dict[str, mx.array], wide: frozenset[str]) -> dict[str, mx.array]:
     """The weights as this machine's activations want them (by GGUF name). On a GPU, float32
     tensors (norms, biases, a float embedding) in float16, so no matmul widens its operands each
-    pass. On the CPU, a converted file's token embedding with float32 scales: its rows are the
-    activations' first values, and float16 ones would make the whole model compute in float16
-    (10-40x slower there, and rounded); a file `mx.load` reads computes as mlx-lm computes it."""
+    pass. On the CPU, a converted file's `wide` scales in float32 (`wide_scales`: the output
+    head's, or a tied embedding's), so no pass widens them afresh and no lookup makes the model
+    compute in float16 (10-40x slower there, and rounded). A file `mx.load` reads computes as
+    mlx-lm computes it."""
     dtype = layouts.activation_dtype()
     if dtype == mx.float32:
-        if not converted:
-            return weights
         return {
-            name: value.astype(dtype) if name in EMBEDDING_SCALES else value
-            for name, value in weights.items()
+            name: value.astype(dtype) if name in wide else value for name, value in weights.items()
         }
     return {
         name: value.astype(dtype) if value.dtype == mx.float32 else value
         for name, value in weights.items()
     }
+
+
+class WideRowsEmbedding(nn.QuantizedEmbedding):
+    """A quantized embedding with float16 scales whose looked-up rows come out float32, as
+    float32 scales would give them (float16 widens exactly), while the table keeps half the
+    scale bytes: the CPU's compact token embedding when a separate head reads the output."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        biases = self.get("biases")
+        return mx.dequantize(
+            self["weight"][x],
+            scales=self["scales"][x].astype(mx.float32),
+            biases=None if biases is None else biases[x].astype(mx.float32),
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
+
+
+def _widen_looked_up_rows(model: nn.Module) -> None:
+    """Every quantized embedding with float16 scales as a `WideRowsEmbedding` (same arrays)."""
+    for module in model.modules():
+        if type(module) is nn.QuantizedEmbedding and module["scales"].dtype == mx.float16:
+            module.__class__ = WideRowsEmbedding  # a subclass that reads the same arrays
 
 
 def check_memory(header: GGUFHeader, layout: Layout) -> None:

@@ -154,27 +154,43 @@ def tensor_bytes(qtype: Q, values: int, stored: int, scale_bytes: int, layout: L
     return values * bits // 8 + values // group * 2 * scale_bytes
 
 
+HEAD = "output.weight"
 EMBEDDING = "token_embd.weight"
-EMBEDDING_SCALES = frozenset({"token_embd.scales", "token_embd.biases"})
-"""A converted file's token embedding keeps float32 scales where activations are float32 (the
-loader's `_in_activation_dtype`): its rows start every activation."""
+
+
+def wide_scaled(header: GGUFHeader) -> frozenset[str]:
+    """The tensor whose float32 scales a converted file keeps where activations are float32
+    (the loader's `_in_activation_dtype`): the output head, whose float16 scales would be
+    widened afresh in every pass (58 MB a pass for a 151k vocabulary, where float32 ones cost
+    29 MB once); the token embedding when it is the head too (no `output.weight`). An
+    embedding that is not the head keeps float16 scales and widens only the rows it looks up."""
+    return frozenset({HEAD if HEAD in header.tensors else EMBEDDING})
+
+
+def wide_scales(header: GGUFHeader) -> frozenset[str]:
+    """`wide_scaled`'s scales and biases, by GGUF name."""
+    return frozenset(
+        name.replace(".weight", f".{part}")
+        for name in wide_scaled(header)
+        for part in ("scales", "biases")
+    )
 
 
 def resident_bytes(header: GGUFHeader, layout: Layout) -> int:
     """The converted weights' bytes in memory, from the header alone (float32 scales in a file
-    read through kquants in the exact layout, and for its token embedding in the compact one
-    where activations are float32; float16 otherwise, as `mx.load` gives them)."""
+    read through kquants in the exact layout, and for `wide_scaled` in the compact one where
+    activations are float32; float16 otherwise, as `mx.load` gives them)."""
     from macspec.models.gguf.layout import activation_dtype
 
     converted = needs_conversion(header)
     scale_bytes = 4 if converted and layout is Layout.EXACT else 2
-    wide_embedding = converted and activation_dtype() == mx.float32
+    wide = wide_scaled(header) if converted and activation_dtype() == mx.float32 else ()
     return sum(
         tensor_bytes(
             t.qtype,
             int(np.prod(t.shape, dtype=np.int64)),
             t.nbytes,
-            4 if wide_embedding and t.name == EMBEDDING else scale_bytes,
+            4 if t.name in wide else scale_bytes,
             layout,
         )
         for t in header.tensors.values()
