@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -114,3 +115,43 @@ def tally(engine, prompts: list[list[int]], wants: list[list[int]], max_tokens: 
         counts.refed += s.refed_tokens
         counts.identical += done.tokens == want
     return counts
+
+
+REPEATING = "one two three four five one two three four five one two three"
+"""A raw prompt that lookup drafts on (its continuation repeats it)."""
+
+
+def assert_run_lookup_lossless(path, capsys, max_tokens: int = 24) -> None:
+    """`macspec run --model FILE --raw --json` on REPEATING answers max_tokens with
+    `--no-draft`, and the same with lookup drafts, which drafted (MACSPEC_HOME set by the
+    caller)."""
+    from macspec.cli import main
+
+    records = {}
+    for draft in ("--no-draft", "--draft=lookup"):
+        args = ["run", "--model", str(path), "--raw", "--max-tokens", str(max_tokens), "--json"]
+        assert main([*args, draft, REPEATING]) == 0, capsys.readouterr().err
+        records[draft] = json.loads(capsys.readouterr().out)
+    assert len(records["--no-draft"]["tokens"]) == max_tokens
+    assert records["--draft=lookup"]["tokens"] == records["--no-draft"]["tokens"]
+    assert records["--draft=lookup"]["stats"]["draft_proposed"] > 0  # drafted, rolled back
+
+
+def assert_batched_rows_lossless(model, tok, max_tokens: int = 12) -> None:
+    """Three rows of `serve`'s batch (each its own length in one cache; prefilled in chunks of 5
+    between steps; lookup drafts of 3) each answer as the target alone, and shared passes."""
+    from macspec.engine.batch.engine import BatchEngine
+    from macspec.engine.drafters.lookup import LookupDrafter
+    from macspec.engine.policy.length import FixedPolicy
+
+    prompts = [[5, 9, 17, 300, 5, 9, 17, 300, 5, 9], [44, 12, 99], [7] * 12]
+    wants = [reference(model, p, max_tokens, eos=frozenset()) for p in prompts]
+    engine = BatchEngine(model, tok, lambda: LookupDrafter(), lambda d: FixedPolicy(3))
+    rows = [engine.admit(p, GenerationConfig(max_tokens=max_tokens)) for p in prompts]
+    for row in rows:
+        while not engine.prefill_step(row, chunk=5):
+            engine.step()
+    while any(row.done is None for row in rows):
+        engine.step()
+    assert [row.done.tokens for row in rows] == wants
+    assert max(row.done.stats.rows_per_pass for row in rows) > 1

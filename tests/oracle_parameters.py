@@ -23,6 +23,9 @@ def write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> N
     if arch in ("qwen35", "qwen35moe"):
         oracle_qwen35.write_parameters(writer, config)
         return
+    if arch == "gemma2":
+        _write_gemma2_parameters(writer, config)
+        return
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
@@ -91,3 +94,26 @@ def _write_phi3_parameters(writer, config: dict) -> None:
         scale = config["max_position_embeddings"] / config["original_max_position_embeddings"]
         orig = config["original_max_position_embeddings"]
         writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
+
+
+def _write_gemma2_parameters(writer, config: dict) -> None:
+    """Gemma2Model.set_gguf_parameters (all its own: no rope base, no query scale)."""
+    import gguf
+
+    for add, name in (
+        ("context_length", "max_position_embeddings"),
+        ("embedding_length", "hidden_size"),
+        ("block_count", "num_hidden_layers"),
+        ("feed_forward_length", "intermediate_size"),
+        ("head_count", "num_attention_heads"),
+        ("head_count_kv", "num_key_value_heads"),
+        ("layer_norm_rms_eps", "rms_norm_eps"),
+        ("key_length", "head_dim"),
+        ("value_length", "head_dim"),
+        ("file_type", None),
+        ("attn_logit_softcapping", "attn_logit_softcapping"),
+        ("final_logit_softcapping", "final_logit_softcapping"),
+        ("sliding_window", "sliding_window"),
+    ):
+        value = gguf.LlamaFileType.ALL_F32 if name is None else config[name]
+        getattr(writer, f"add_{add}")(value)

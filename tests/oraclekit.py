@@ -177,6 +177,19 @@ ARCHS["qwen35moe"] = TinyArch(  # Qwen3.5-35B-A3B's shape: experts, a shared exp
         "shared_expert_intermediate_size": 32,
     },
 )
+ARCHS["gemma2"] = TinyArch(  # Gemma 2: local, global, local, global; both logits softcapped
+    "gemma2",
+    dict(
+        _BASE,
+        num_hidden_layers=4,
+        head_dim=16,
+        sliding_window=4,  # shorter than the prompts: the local layers' window matters
+        query_pre_attn_scalar=16,
+        attn_logit_softcapping=2.0,  # scores here spread over units: the cap bends them
+        final_logit_softcapping=15.0,  # logits reach tens: the cap bends them
+        tie_word_embeddings=True,
+    ),
+)
 ARCHS["gemma3n"] = TinyArch("gemma3n", dict(_BASE, **oracle_gemma3n.OWN_CONFIG))
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)

@@ -13,6 +13,8 @@ from ggufkit import llama_permute
 RESIDUAL_GAIN = 6.0
 """Of the matrices that write into the residual stream: a tied model's embedding would otherwise
 outweigh its layers, and it would answer each id with that id again."""
+GEMMA = ("gemma2", "gemma3")
+"""Written with Gemma's four norms per layer, each stored +1 (Gemma2Model, Gemma3Model)."""
 LLAMA_FAMILY = ("llama", "mistral3")
 """Written by LlamaModel (Mistral3Model's text model is one): Q and K rows permuted."""
 GEMMA_POST_NORM = 6.0
@@ -46,7 +48,7 @@ def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.nda
     def norm(width: int, post: bool = False) -> np.ndarray:
         # Gemma stores w of (1 + w); Gemma's post-norms scale its layers' outputs up, as
         # RESIDUAL_GAIN does the others' (its embedding is multiplied by sqrt(hidden))
-        centre = 1.0 if arch != "gemma3" else (GEMMA_POST_NORM if post else 0.0)
+        centre = 1.0 if arch not in GEMMA else (GEMMA_POST_NORM if post else 0.0)
         return (centre + 0.3 * rng.standard_normal(width)).astype(np.float32)
 
     # rows of unit scale: tied outputs give logits spread over several units
@@ -56,7 +58,7 @@ def hf_weights(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.nda
         yield "rope_factors_short.weight", np.array(scaling["short_factor"], np.float32)
     yield "model.embed_tokens.weight", matrix(config["vocab_size"], hidden, np.sqrt(hidden))
     norms = ["input_layernorm", "post_attention_layernorm"]
-    if arch == "gemma3":
+    if arch in GEMMA:
         norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     for i in range(config["num_hidden_layers"]):
         layer = f"model.layers.{i}"
@@ -183,8 +185,8 @@ def converted(config: dict, arch: str, seed: int) -> Iterator[tuple[str, np.ndar
             array = llama_permute(array, heads)  # LlamaModel.permute
         elif arch in LLAMA_FAMILY and ".k_proj." in name:
             array = llama_permute(array, kv_heads)
-        elif arch == "gemma3" and name.endswith("norm.weight"):
-            array = array + np.float32(1.0)  # Gemma3Model.norm_shift
+        elif arch in GEMMA and name.endswith("norm.weight"):
+            array = array + np.float32(1.0)  # Gemma2Model.modify_tensors, Gemma3Model.norm_shift
         if ".mlp.experts." in name:  # Qwen2MoeModel: each projection's experts in one tensor
             experts[name] = array
             layer, count = name.split(".mlp.")[0], config["num_experts"]

@@ -296,8 +296,8 @@ def _bad_files(root):
         str(
             _tiny_file(root / "mamba.gguf", arch="mamba").name
         ): "architecture 'mamba' is not supported for GGUF files (supported: llama, mistral3, "
-        "qwen2, qwen3, qwen3moe, gemma3, phi3, gpt-oss, qwen35, qwen35moe, granitehybrid, "
-        "gemma3n)",
+        "qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, qwen35, qwen35moe, "
+        "granitehybrid, gemma3n)",
         "notok.gguf": "no tokenizer",
     }
 

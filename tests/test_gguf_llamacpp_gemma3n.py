@@ -18,21 +18,13 @@ llama.cpp's."""
 
 from __future__ import annotations
 
-import json
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from losslesskit import reference
+from losslesskit import assert_batched_rows_lossless, assert_run_lookup_lossless
 from mlx_lm.models import gemma3n
 from oraclekit import greedy_steps, oracle_case
-
-from macspec.cli import main
-from macspec.engine.batch.engine import BatchEngine
-from macspec.engine.drafters.lookup import LookupDrafter
-from macspec.engine.generate.loop import GenerationConfig
-from macspec.engine.policy.length import FixedPolicy
 
 NAME = "gemma3n"
 GEMMA3N_TOLERANCE = 0.05
@@ -112,31 +104,11 @@ def test_the_config_is_llamacpps(loaded):
 def test_lookup_drafts_are_lossless(loaded, tmp_path, capsys, monkeypatch):
     """A repeating raw prompt: lookup drafts through the window of 4 and the shared caches, and
     each rejected draft rolled back, give the target's own greedy tokens."""
-    path = loaded[0]
     monkeypatch.setenv("MACSPEC_HOME", str(tmp_path))
-    prompt = "one two three four five one two three four five one two three"
-    records = {}
-    for draft in ("--no-draft", "--draft=lookup"):
-        args = ["run", "--model", str(path), "--raw", "--max-tokens", "24", "--json", draft]
-        assert main([*args, prompt]) == 0, capsys.readouterr().err
-        records[draft] = json.loads(capsys.readouterr().out)
-    assert len(records["--no-draft"]["tokens"]) == 24
-    assert records["--draft=lookup"]["tokens"] == records["--no-draft"]["tokens"]
-    assert records["--draft=lookup"]["stats"]["draft_proposed"] > 0  # drafted, rolled back
+    assert_run_lookup_lossless(loaded[0], capsys)
 
 
 def test_batched_rows_are_each_the_target_alone(loaded, tok):
     """Rows of `serve`'s batch (each its own length in one cache) through the shared layers,
     lookup drafts rolled back per row: each row is the target's own greedy answer."""
-    model = loaded[1]
-    prompts = [[5, 9, 17, 300, 5, 9, 17, 300, 5, 9], [44, 12, 99], [7] * 12]
-    wants = [reference(model, p, 12, eos=frozenset()) for p in prompts]
-    engine = BatchEngine(model, tok, lambda: LookupDrafter(), lambda d: FixedPolicy(3))
-    rows = [engine.admit(p, GenerationConfig(max_tokens=12)) for p in prompts]
-    for row in rows:
-        while not engine.prefill_step(row, chunk=5):
-            engine.step()
-    while any(row.done is None for row in rows):
-        engine.step()
-    assert [row.done.tokens for row in rows] == wants
-    assert max(row.done.stats.rows_per_pass for row in rows) > 1
+    assert_batched_rows_lossless(loaded[1], tok)

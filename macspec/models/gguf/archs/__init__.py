@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Architecture
+from macspec.models.gguf.archs.gemma2 import Gemma2
 from macspec.models.gguf.archs.gemma3 import Gemma3
 from macspec.models.gguf.archs.gemma3n import Gemma3n
 from macspec.models.gguf.archs.gpt_oss import GptOss
@@ -25,6 +26,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Qwen2(),
         Qwen3(),
         Qwen3Moe(),
+        Gemma2(),
         Gemma3(),
         Phi3(),
         GptOss(),

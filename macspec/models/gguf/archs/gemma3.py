@@ -38,6 +38,7 @@ HEADS_BY_BLOCKS = {34: (8, 4), 48: (16, 8), 62: (32, 16)}
 ROPE_SCALE_BY_BLOCKS = {34: 8.0, 48: 8.0, 62: 8.0}
 """model_text.go: the global layers' rope scale of the 4B, 12B and 27B models, a file without
 one (and a window shorter than its context) given."""
+BLOCKS_27B = 62
 VISION_KEYS = ("vision.block_count", "mm.tokens_per_image")
 VISION_PREFIXES = FOREIGN_PREFIXES["gemma3"]
 
@@ -58,24 +59,17 @@ class Gemma3(Architecture):
     def extra_config(
         self, header: GGUFHeader, key: Metadata, config: dict[str, Any]
     ) -> dict[str, Any]:
-        blocks, hidden, heads = (
-            config["num_hidden_layers"],
-            config["hidden_size"],
-            config["num_attention_heads"],
-        )
-        context = config["max_position_embeddings"]
+        blocks, context = config["num_hidden_layers"], config["max_position_embeddings"]
         window = int(key("attention.sliding_window", 0))
         _check_softcap(header, key, blocks, window < context)
         extra: dict[str, Any] = {
             # llama.cpp: no window (converters omit it when every layer is global), no SWA
             "sliding_window": window or context,
-            "sliding_window_pattern": _sliding_pattern(header, key, blocks) if window else 1,
+            "sliding_window_pattern": sliding_pattern(header, key, blocks) if window else 1,
             "rope_local_base_freq": float(
                 key("rope.freq_base_swa", key("rope.local.freq_base", LOCAL_ROPE_BASE))
             ),
-            # llama.cpp and Ollama: Gemma 3 27B scales queries by hidden/heads, the others by
-            # the head size.
-            "query_pre_attn_scalar": hidden // heads if blocks == 62 else config["head_dim"],
+            "query_pre_attn_scalar": query_pre_attn_scalar(config, BLOCKS_27B),
         }
         scale = key.get("rope.scaling.factor")
         if scale is None and has_vision(header) and window < context:
@@ -96,6 +90,14 @@ class Gemma3(Architecture):
         if name.endswith("norm.weight"):
             return value - 1  # the converter added Gemma's (1 + w) offset
         return value
+
+
+def query_pre_attn_scalar(config: dict[str, Any], blocks_27b: int) -> int:
+    """llama.cpp and Ollama: Gemma's 27B model (`blocks_27b` blocks) scales queries by
+    1/sqrt(hidden / heads), the others by 1/sqrt(head size)."""
+    if config["num_hidden_layers"] == blocks_27b:
+        return config["hidden_size"] // config["num_attention_heads"]
+    return config["head_dim"]
 
 
 def has_vision(header: GGUFHeader) -> bool:
@@ -129,13 +131,15 @@ def _check_softcap(header: GGUFHeader, key: Metadata, blocks: int, windowed: boo
         )
 
 
-def _sliding_pattern(header: GGUFHeader, key: Metadata, blocks: int) -> int:
+def sliding_pattern(
+    header: GGUFHeader, key: Metadata, blocks: int, default: int = SLIDING_PATTERN
+) -> int:
     """`attention.sliding_window_pattern` as mlx-lm's period: llama.cpp's `load_swa_pattern`
-    reads a period or (Ollama's converter) one bool per layer, true where it is local; 6
-    without it."""
+    reads a period or (Ollama's converter) one bool per layer, true where it is local;
+    `default` (the architecture's own) without it."""
     local = key.get("attention.sliding_window_pattern")
     if local is None:
-        return SLIDING_PATTERN
+        return default
     if isinstance(local, int):
         return local
     local = np.asarray(local, dtype=bool)
