@@ -79,6 +79,7 @@ GGUF_ARCH = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
+    "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "phi3": "phi3",
 }
@@ -145,6 +146,9 @@ def write_gguf(
         writer.add_rope_dimension_count(hidden // heads)
     if arch == "gemma3" and config.get("sliding_window_pattern") != 1:  # 1: every layer global
         writer.add_sliding_window(config["sliding_window"])
+    if arch == "gemma2":  # Gemma2Model.set_gguf_parameters (no window: llama.cpp's 4096)
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
     if arch == "phi3":  # Phi3MiniModel.set_gguf_parameters
         scaling = config.get("rope_scaling") or {}
         writer.add_rope_dimension_count(int(config["partial_rotary_factor"] * hidden) // heads)
@@ -172,8 +176,8 @@ def write_gguf(
             array = llama_permute(array, heads)
         if arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             array = llama_permute(array, kv_heads)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            array = array + 1  # Gemma3Model.modify_tensors: llama.cpp multiplies by w, not 1 + w
+        if arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+            array = array + 1  # Gemma's modify_tensors: llama.cpp multiplies by w, not 1 + w
         kind = float_type if array.ndim >= 2 else GGMLQuantizationType.F32  # norms stay F32
         for mlx_part, hf_part in MOE_NAMES.items():
             name = name.replace(mlx_part, hf_part)

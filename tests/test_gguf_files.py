@@ -69,6 +69,10 @@ CONFIGS["phi3"] = dict(  # Phi3MiniModel: fused qkv, gate_up; partial rotary; Lo
     rope_scaling=dict(type="longrope", long_factor=[1.0, 1.5, 2.0, 4.0, 8.0, 16.0],
                       short_factor=[1.0, 1.0, 1.2, 1.5, 2.0, 3.0]),
 )  # fmt: skip
+CONFIGS["gemma2"] = dict(  # Gemma2Model: +1 norms, both softcaps; 18 ids, inside any window
+    BASE, model_type="gemma2", num_hidden_layers=2, head_dim=16, query_pre_attn_scalar=16,
+    attn_logit_softcapping=2.0, final_logit_softcapping=15.0,
+)  # fmt: skip
 CONFIGS["gemma3_global"] = dict(CONFIGS["gemma3_text"], sliding_window_pattern=1)  # no window key
 CONFIGS["llama3"] = dict(  # Llama 3.1's rope scaling: a rope_freqs tensor in the file
     CONFIGS["llama"],
