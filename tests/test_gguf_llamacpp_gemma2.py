@@ -5,11 +5,19 @@ speculation through the window is lossless, from `macspec run` to `serve`'s batc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+import pytest
 from losslesskit import assert_batched_rows_lossless, assert_run_lookup_lossless
 from mlx_lm.models import gemma2
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 from oraclekit import greedy_steps, oracle_case
 from pytest import fixture
+
+from macspec.errors import MacspecError
+from macspec.models.gguf.archs import ARCHITECTURES
+from macspec.models.gguf.header import read_header
 
 NAME = "gemma2"
 
@@ -62,3 +70,49 @@ def test_batched_rows_are_each_the_target_alone(loaded, tok):
     """Rows of `serve`'s batch (each its own length in one cache, masked to the window per row),
     lookup drafts rolled back per row: each row is the target's own greedy answer."""
     assert_batched_rows_lossless(loaded[1], tok)
+
+
+def config_with(path, **changes) -> dict:
+    """macspec's config of the tiny file with its `gemma2.*` keys changed (None: left out)."""
+    header = read_header(path)
+    metadata = {
+        k: v
+        for k, v in header.metadata.items()
+        if changes.get(k.removeprefix("gemma2."), 0) is not None
+    }
+    metadata |= {f"gemma2.{k}": v for k, v in changes.items() if v is not None}
+    return ARCHITECTURES["gemma2"].config(replace(header, metadata=metadata))
+
+
+def test_without_their_keys_llamacpps_defaults(loaded):
+    config = config_with(
+        loaded[0],
+        attn_logit_softcapping=None,
+        final_logit_softcapping=None,
+        **{"attention.sliding_window": None},
+    )
+    assert (config["attn_logit_softcapping"], config["final_logit_softcapping"]) == (50.0, 30.0)
+    assert (config["sliding_window"], config["sliding_window_pattern"]) == (4096, 2)
+
+
+def test_27b_scales_queries_by_hidden_over_heads(loaded):
+    assert config_with(loaded[0])["query_pre_attn_scalar"] == 16  # the head size
+    assert config_with(loaded[0], block_count=46)["query_pre_attn_scalar"] == 32 // 4
+
+
+def test_a_pattern_of_one_bool_per_layer_is_read_as_its_period(loaded):
+    local = np.array([True, False, True, False])
+    key = "attention.sliding_window_pattern"
+    assert config_with(loaded[0], **{key: local})["sliding_window_pattern"] == 2
+    with pytest.raises(MacspecError, match="not one global layer every N"):
+        config_with(loaded[0], **{key: np.array([True, True, False, False])})
+
+
+def test_what_llamacpps_gemma2_does_not_compute_is_one_line(loaded):
+    path = loaded[0]
+    with pytest.raises(MacspecError, match="local rope base .50000. apart from the global"):
+        config_with(path, **{"rope.freq_base_swa": 50_000.0})
+    header = read_header(path)
+    untied = replace(header, tensors={**header.tensors, "output.weight": None})
+    with pytest.raises(MacspecError, match="its own output.weight is not supported"):
+        ARCHITECTURES["gemma2"].config(untied)
