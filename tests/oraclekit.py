@@ -190,6 +190,11 @@ ARCHS["gemma2"] = TinyArch(  # Gemma 2: local, global, local, global; both logit
         tie_word_embeddings=True,
     ),
 )
+ARCHS["smollm3"] = TinyArch(  # SmolLM3-3B's shape: tied; layer 3 a NoPE layer (every 4th)
+    "smollm3",
+    dict(_BASE, num_hidden_layers=4, tie_word_embeddings=True),
+    seed=3,  # 62's smallest top-2 gap is 0.0031, below twice the tolerance
+)
 ARCHS["gemma3n"] = TinyArch("gemma3n", dict(_BASE, **oracle_gemma3n.OWN_CONFIG))
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)
 ARCHS["gpt-oss-mxfp4"] = replace(ARCHS["gpt-oss"], mxfp4_experts=True)

@@ -16,6 +16,7 @@ from macspec.models.gguf.archs.phi3 import Phi3
 from macspec.models.gguf.archs.qwen import Qwen2, Qwen3
 from macspec.models.gguf.archs.qwen3moe import Qwen3Moe
 from macspec.models.gguf.archs.qwen35 import Qwen35, Qwen35Moe
+from macspec.models.gguf.archs.smollm3 import SmolLM3
 from macspec.models.gguf.header import GGUFHeader
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -34,6 +35,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Qwen35Moe(),
         GraniteHybrid(),
         Gemma3n(),
+        SmolLM3(),
     )
 }
 """GGUF's `general.architecture` -> how macspec reads it."""
