@@ -46,6 +46,14 @@ GRANITE_HYBRID = dict(
 )
 
 
+GRANITE_MULTIPLIERS = (
+    "embedding_multiplier",
+    "attention_multiplier",
+    "residual_multiplier",
+    "logits_scaling",
+)
+"""The Granite checkpoints' own config entries (attention's 0.3 against 1/sqrt(8) = 0.35)."""
+
 GRANITE_HYBRID_MOE = dict(
     GRANITE_HYBRID,
     intermediate_size=32,  # each routed expert's; the shared expert keeps 64
@@ -53,6 +61,15 @@ GRANITE_HYBRID_MOE = dict(
     num_experts_per_tok=2,
 )
 """Granite 4.0 H Tiny's and Small's shape: routed experts beside a shared one in every layer."""
+
+
+def write_granite_multipliers(writer, config: dict) -> None:
+    """GraniteModel.set_gguf_parameters' own keys, after LlamaModel's (dense Granite 3.x's and
+    Granite 4.0 H's)."""
+    writer.add_attention_scale(config["attention_multiplier"])
+    writer.add_embedding_scale(config["embedding_multiplier"])
+    writer.add_residual_scale(config["residual_multiplier"])
+    writer.add_logit_scale(config["logits_scaling"])
 
 
 def write_granite_hybrid_parameters(writer, config: dict) -> None:
@@ -74,10 +91,7 @@ def write_granite_hybrid_parameters(writer, config: dict) -> None:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_vocab_size(config["vocab_size"])
     writer.add_rope_dimension_count(hidden // heads)
-    writer.add_attention_scale(config["attention_multiplier"])
-    writer.add_embedding_scale(config["embedding_multiplier"])
-    writer.add_residual_scale(config["residual_multiplier"])
-    writer.add_logit_scale(config["logits_scaling"])
+    write_granite_multipliers(writer, config)
     writer.add_expert_shared_feed_forward_length(config["shared_intermediate_size"])
     writer.add_ssm_conv_kernel(config["mamba_d_conv"])
     writer.add_ssm_state_size(config["mamba_d_state"])

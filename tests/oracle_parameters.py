@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import oracle_qwen35
-from oracle_granite import write_granite_hybrid_parameters
+from oracle_granite import write_granite_hybrid_parameters, write_granite_multipliers
 from oracletensors import LLAMA_FAMILY, VISION
 
 
@@ -53,6 +53,8 @@ def write_parameters(writer, config: dict, arch: str, ollama: bool = False) -> N
     if arch in LLAMA_FAMILY:  # LlamaModel.set_gguf_parameters
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    if arch == "granite":
+        write_granite_multipliers(writer, config)
     if arch == "qwen3moe":  # Qwen2MoeModel.set_gguf_parameters
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters

@@ -25,6 +25,7 @@ from ggufkit import hf_tokenizer_writer
 from oracle_granite import (
     GRANITE_HYBRID,
     GRANITE_HYBRID_MOE,
+    GRANITE_MULTIPLIERS,
     granite_hybrid_converted,
 )
 from oracle_parameters import write_parameters
@@ -194,6 +195,15 @@ ARCHS["smollm3"] = TinyArch(  # SmolLM3-3B's shape: tied; layer 3 a NoPE layer (
     "smollm3",
     dict(_BASE, num_hidden_layers=4, tie_word_embeddings=True),
     seed=3,  # 62's smallest top-2 gap is 0.0031, below twice the tolerance
+)
+ARCHS["granite"] = TinyArch(  # dense Granite 3.x: tied, every multiplier away from its default
+    "granite",
+    dict(
+        _BASE,
+        num_hidden_layers=2,
+        tie_word_embeddings=True,
+        **{k: GRANITE_HYBRID[k] for k in GRANITE_MULTIPLIERS},
+    ),
 )
 ARCHS["gemma3n"] = TinyArch("gemma3n", dict(_BASE, **oracle_gemma3n.OWN_CONFIG))
 ARCHS["gemma3-ollama"] = replace(ARCHS["gemma3"], ollama_vision=True)

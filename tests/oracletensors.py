@@ -15,9 +15,9 @@ RESIDUAL_GAIN = 6.0
 outweigh its layers, and it would answer each id with that id again."""
 GEMMA = ("gemma2", "gemma3")
 """Written with Gemma's four norms per layer, each stored +1 (Gemma2Model, Gemma3Model)."""
-LLAMA_FAMILY = ("llama", "mistral3", "smollm3")
-"""Written by LlamaModel (Mistral3Model's and SmolLM3Model's text models are one): Q and K rows
-permuted."""
+LLAMA_FAMILY = ("llama", "mistral3", "smollm3", "granite")
+"""Written by LlamaModel (Mistral3Model's text model, SmolLM3Model and GraniteModel are one): Q
+and K rows permuted."""
 GEMMA_POST_NORM = 6.0
 """Gemma's post-norms' stored w (of 1 + w), for the same reason (Gemma scales its embedding by
 sqrt(hidden))."""

@@ -301,7 +301,7 @@ def _bad_files(root):
             _tiny_file(root / "mamba.gguf", arch="mamba").name
         ): "architecture 'mamba' is not supported for GGUF files (supported: llama, mistral3, "
         "qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3, gpt-oss, qwen35, qwen35moe, "
-        "granitehybrid, gemma3n, smollm3)",
+        "granitehybrid, gemma3n, smollm3, granite)",
         "notok.gguf": "no tokenizer",
     }
 

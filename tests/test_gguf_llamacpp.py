@@ -28,6 +28,7 @@ SUPPORTED = [
     "granitehybrid",
     "granitehybrid-moe",
     "smollm3",
+    "granite",
 ]
 """The tiny files macspec reads (gemma3-ollama: Ollama's file with its vision tower, which
 llama.cpp refuses; its answer was recorded on the same text model as llama.cpp's converter

@@ -10,6 +10,7 @@ from macspec.models.gguf.archs.gemma2 import Gemma2
 from macspec.models.gguf.archs.gemma3 import Gemma3
 from macspec.models.gguf.archs.gemma3n import Gemma3n
 from macspec.models.gguf.archs.gpt_oss import GptOss
+from macspec.models.gguf.archs.granite import Granite
 from macspec.models.gguf.archs.granite_hybrid import GraniteHybrid
 from macspec.models.gguf.archs.llama import Llama, Mistral3
 from macspec.models.gguf.archs.phi3 import Phi3
@@ -36,6 +37,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         GraniteHybrid(),
         Gemma3n(),
         SmolLM3(),
+        Granite(),
     )
 }
 """GGUF's `general.architecture` -> how macspec reads it."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import LAYER_NAMES, Metadata
+from macspec.models.gguf.archs.granite import granite_multipliers
 from macspec.models.gguf.archs.llama import Llama
 from macspec.models.gguf.header import GGUFHeader
 
@@ -67,11 +68,7 @@ class GraniteHybrid(Llama):
             "layer_types": ["attention" if n else "mamba" for n in kv_heads],
             **self._feed_forward(key, config),
             "attention_bias": any(name.endswith("attn_q.bias") for name in tensors),
-            "embedding_multiplier": float(key("embedding_scale", 0.0)) or 1.0,
-            "attention_multiplier": float(key("attention.scale", 0.0))
-            or config["head_dim"] ** -0.5,
-            "residual_multiplier": float(key("residual_scale", 0.0)) or 1.0,
-            "logits_scaling": float(key("logit_scale", 0.0)) or 1.0,
+            **granite_multipliers(key, config),
             "position_embedding_type": "rope" if key("rope.scaling.finetuned", True) else "nope",
             "mamba_n_heads": ssm_heads,
             "mamba_d_head": inner // ssm_heads,
