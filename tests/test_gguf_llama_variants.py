@@ -15,6 +15,7 @@ from oraclekit import ARCHS, macspec_model, rebuilt
 from macspec.cli import main
 from macspec.errors import MacspecError
 from macspec.models.gguf.archs.granite import Granite
+from macspec.models.gguf.archs.smollm3 import SmolLM3
 from macspec.models.gguf.header import read_header
 
 MAX_TOKENS = 24
@@ -36,6 +37,13 @@ def test_every_fourth_smollm3_layer_skips_rope(tmp_path):
     layers = macspec_model(rebuilt("smollm3", tmp_path), tmp_path / "home").layers
     kinds = [type(layer.self_attn.rope).__name__ for layer in layers]
     assert kinds == ["RoPE", "RoPE", "RoPE", "NoPE"]
+
+
+def test_a_smollm3_with_rope_freqs_is_one_line(tmp_path):
+    header = read_header(rebuilt("smollm3", tmp_path))
+    scaled = replace(header, tensors={**header.tensors, "rope_freqs.weight": None})
+    with pytest.raises(MacspecError, match="smollm3 file with rope_freqs is not supported"):
+        SmolLM3().config(scaled)
 
 
 def test_granites_multipliers_are_the_files(granite_file):

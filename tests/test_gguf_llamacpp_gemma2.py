@@ -116,3 +116,21 @@ def test_what_llamacpps_gemma2_does_not_compute_is_one_line(loaded):
     untied = replace(header, tensors={**header.tensors, "output.weight": None})
     with pytest.raises(MacspecError, match="its own output.weight is not supported"):
         ARCHITECTURES["gemma2"].config(untied)
+    with pytest.raises(MacspecError, match="gemma2 file with rope scaling is not supported"):
+        config_with(path, **{"rope.scaling.type": "linear", "rope.scaling.factor": 2.0})
+    with pytest.raises(MacspecError, match="sliding window on every layer .pattern 0."):
+        config_with(path, **{"attention.sliding_window_pattern": 0})
+
+
+def test_a_quantized_kv_cache_is_one_line_not_a_traceback(loaded, tmp_path, capsys, monkeypatch):
+    """mlx-lm's gemma2 attention multiplies its cached keys itself: a quantized cache (tuples of
+    arrays) would fail mid-answer, so --kv-bits is refused before the first pass."""
+    from macspec.cli import main
+
+    monkeypatch.setenv("MACSPEC_HOME", str(tmp_path))
+    args = ["run", "hello", "--model", str(loaded[0]), "--max-tokens", "4", "--kv-bits", "8"]
+    assert main([*args, "--no-draft", "--raw"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("macspec: error: --kv-bits: gemma2") and "Traceback" not in (
+        "\n".join(err)
+    )

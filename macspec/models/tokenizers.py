@@ -32,6 +32,10 @@ TOKENIZER_FILES = (
 )
 
 
+FINGERPRINT_VERSION = b"eos ids as mlx_lm.load gives them (generation_config.json too)"
+"""Mixed into the cache key: a fingerprint computed with other end-of-sequence ids is stale."""
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     digest: str
@@ -42,7 +46,7 @@ class Fingerprint:
 
 def files_key(folder: Path) -> str:
     """A hash of the tokenizer files' names and contents (what the cache is keyed by)."""
-    h = hashlib.sha256()
+    h = hashlib.sha256(FINGERPRINT_VERSION)
     for name in TOKENIZER_FILES:
         path = folder / name
         if path.is_file():

@@ -86,6 +86,12 @@ class CacheOptions:
     def make(self, model: Any) -> list[Any]:
         from mlx_lm.models.cache import make_prompt_cache  # mlx-lm loads only when caches do
 
+        model_type = getattr(model, "model_type", None)
+        if self.kv_bits is not None and model_type in KEYS_READ_DIRECTLY:
+            raise MacspecError(
+                f"--kv-bits: {model_type}'s attention (mlx-lm's) multiplies its keys directly, "
+                "so its cache cannot be quantized; run it without --kv-bits"
+            )
         return make_prompt_cache(model, max_kv_size=self.max_kv_size)
 
     def quantize(self, cache: list[Any]) -> None:
@@ -102,6 +108,10 @@ class CacheOptions:
                     group_size=self.kv_group_size, bits=self.kv_bits
                 )
 
+
+KEYS_READ_DIRECTLY = frozenset({"gemma2", "olmo"})
+"""mlx-lm models whose attention multiplies the cached keys itself instead of calling
+`scaled_dot_product_attention`, which is what reads a quantized cache."""
 
 DEFAULT_CACHE = CacheOptions()
 """Full-precision caches that keep every id."""

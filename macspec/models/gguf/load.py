@@ -100,8 +100,12 @@ def _in_activation_dtype(weights: dict[str, mx.array], wide: frozenset[str]) -> 
     mlx-lm computes it."""
     dtype = layouts.activation_dtype()
     if dtype == mx.float32:
+        widened = {
+            name for name in wide & weights.keys() if weights[name].dtype == mx.float16
+        }  # an MXFP4 head's scales are its own uint8 exponents
         return {
-            name: value.astype(dtype) if name in wide else value for name, value in weights.items()
+            name: value.astype(dtype) if name in widened else value
+            for name, value in weights.items()
         }
     return {
         name: value.astype(dtype) if value.dtype == mx.float32 else value

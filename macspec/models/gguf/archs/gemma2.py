@@ -43,6 +43,10 @@ class Gemma2(Architecture):
                 f"{header.path}: a gemma2 local rope base ({local_base:g}) apart from the global "
                 "one is not supported yet"
             )
+        if "rope_scaling" in config:  # mlx-lm's gemma2 has no rope scaling to take it
+            raise MacspecError(
+                f"{header.path}: a gemma2 file with rope scaling is not supported yet"
+            )
         if not config["tie_word_embeddings"]:  # llama.cpp's gemma2 refuses one too
             raise MacspecError(
                 f"{header.path}: a gemma2 file with its own output.weight is not supported "

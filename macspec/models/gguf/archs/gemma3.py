@@ -141,6 +141,11 @@ def sliding_pattern(
     if local is None:
         return default
     if isinstance(local, int):
+        if local <= 0:  # llama.cpp: every layer slides, which mlx-lm's period cannot say
+            raise MacspecError(
+                f"{header.path}: a sliding window on every layer (pattern {local}) is not "
+                "supported yet"
+            )
         return local
     local = np.asarray(local, dtype=bool)
     period = int(np.argmin(local)) + 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from macspec.errors import MacspecError
 from macspec.models.gguf.archs.base import Metadata
 from macspec.models.gguf.archs.llama import Llama
 from macspec.models.gguf.header import GGUFHeader
@@ -22,6 +23,8 @@ class SmolLM3(Llama):
     def extra_config(
         self, header: GGUFHeader, key: Metadata, config: dict[str, Any]
     ) -> dict[str, Any]:
+        if "rope_freqs.weight" in header.tensors:  # llama.cpp's smollm3 reads none either
+            raise MacspecError(f"{header.path}: a smollm3 file with rope_freqs is not supported")
         return {
             **super().extra_config(header, key, config),
             "no_rope_layer_interval": NO_ROPE_LAYER_STEP,
