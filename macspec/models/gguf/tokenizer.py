@@ -3,11 +3,11 @@ tokenizer_config.json with the chat template), so mlx-lm's `load_tokenizer` make
 TokenizerWrapper like any folder's: templates, stop ids and streaming detokenizers alike.
 
 The vocabulary is rebuilt by transformers' torch-free converter (`convert_gguf_tokenizer`:
-byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names, SentencePiece with scores and
-byte fallback, control tokens from `token_type`). What llama.cpp does beyond it is set here:
-BOS insertion from `tokenizer.ggml.add_bos_token` (or llama.cpp's default for the vocabulary),
-whole-word lookups before merges for Llama 3's pre-tokenizer, Qwen's NFC normalization, and no
-token past the file's vocabulary.
+byte-level BPE, SentencePiece with scores and byte fallback, control tokens from `token_type`).
+What llama.cpp does beyond it is set here: the split its `tokenizer.ggml.pre` name gives
+(pretokenizers.py), BOS insertion from `tokenizer.ggml.add_bos_token` (or llama.cpp's default
+for the vocabulary), whole-word lookups before merges for Llama 3's pre-tokenizer, Qwen's NFC
+normalization, and no token past the file's vocabulary.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.header import GGUFHeader
+from macspec.models.gguf.pretokenizers import llamacpp_pre_tokenizer
 
 END_OF_TURN_TEXTS = frozenset(
     {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>", "<EOT>", "<|endoftext|>"}
@@ -58,12 +59,16 @@ def eos_ids(header: GGUFHeader) -> list[int]:
 
 
 def _as_published(backend: Any, given: dict[str, Any]) -> Any:
-    """The converted byte-level tokenizer made to encode as the model's own does: Llama 3's
-    whole-word lookups, Qwen's NFC, and without the tokens the converter's GPT-2 class adds
-    on its own (`<|endoftext|>` past a Llama 3 vocabulary: an id the model has no row for)."""
+    """The converted byte-level tokenizer made to encode as the model's own does: llama.cpp's
+    split for the file's pre-tokenizer name, Llama 3's whole-word lookups, Qwen's NFC, and
+    without the tokens the converter's GPT-2 class adds on its own (`<|endoftext|>` past a
+    Llama 3 vocabulary: an id the model has no row for)."""
     from tokenizers import Tokenizer, normalizers
 
     pre = given.get("pre_tokenizer_type")
+    split_as_llamacpp = llamacpp_pre_tokenizer(pre)
+    if split_as_llamacpp is not None:
+        backend.pre_tokenizer = split_as_llamacpp
     if pre in LLAMA3_PRE:
         backend.model.ignore_merges = True
     if pre in NFC_PRE:
