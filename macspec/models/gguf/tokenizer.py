@@ -37,6 +37,11 @@ LLAMA3_PRE = frozenset(
 )
 """Pre-tokenizers llama.cpp reads as Llama 3's (llama-vocab.cpp): a word that is a token is
 taken whole before any merge (tokenizers' `ignore_merges`), and BOS is added by default."""
+WHOLE_WORD_PRE = LLAMA3_PRE | {"minicpm5", "youtu", "glm4", "glm5", "tekken"}
+"""Pre-tokenizers llama.cpp also sets `ignore_merges` for (llama-vocab.cpp; and for
+granite-embed-multi-97m, an embedding model macspec does not run)."""
+BOS_PRE = LLAMA3_PRE | {"tekken", "chameleon"}
+"""Pre-tokenizers llama.cpp adds BOS for where the file does not say."""
 NFC_PRE = frozenset({"qwen2"})
 """Pre-tokenizers whose published tokenizer.json normalizes text to NFC first (Qwen2 to Qwen3)."""
 
@@ -69,7 +74,7 @@ def _as_published(backend: Any, given: dict[str, Any]) -> Any:
     split_as_llamacpp = llamacpp_pre_tokenizer(pre)
     if split_as_llamacpp is not None:
         backend.pre_tokenizer = split_as_llamacpp
-    if pre in LLAMA3_PRE:
+    if pre in WHOLE_WORD_PRE:
         backend.model.ignore_merges = True
     if pre in NFC_PRE:
         backend.normalizer = normalizers.NFC()
@@ -123,7 +128,7 @@ def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
     bos = token("bos")
     # llama.cpp's default where the file does not say: BOS for SentencePiece and Llama 3's BPE.
     by_default = given.get("tokenizer_type") == "llama" or (
-        byte_level and given.get("pre_tokenizer_type") in LLAMA3_PRE
+        byte_level and given.get("pre_tokenizer_type") in BOS_PRE
     )
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", by_default))
     if add_bos and bos is not None:
