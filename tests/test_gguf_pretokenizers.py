@@ -25,10 +25,13 @@ def gguf_of(tmp_path_factory):
     return {name: vocabulary_gguf(folder / name, name, "default") for name in VOCABULARIES}
 
 
-def derived_tokenizer(gguf, pre: str, folder) -> Tokenizer:
-    """macspec's tokenizer.json for the file, as if it named `pre`."""
+def derived_tokenizer(gguf, pre: str, folder, says_bos: bool = True) -> Tokenizer:
+    """macspec's tokenizer.json for the file, as if it named `pre` (and, unless `says_bos`, as
+    if it did not say whether to add BOS)."""
     header = read_header(gguf)
     header.metadata["tokenizer.ggml.pre"] = pre
+    if not says_bos:
+        del header.metadata["tokenizer.ggml.add_bos_token"]
     write_tokenizer(header, folder)
     return Tokenizer.from_file(str(folder / "tokenizer.json"))
 
@@ -50,6 +53,13 @@ def test_refact_splits_every_digit_alone_where_merges_would_join_them(gguf_of, t
     """Granite's files name `refact`: llama.cpp isolates each digit before any merge."""
     tokenizer = derived_tokenizer(gguf_of["llama3"], "refact", tmp_path)
     assert tokenizer.encode("12345", add_special_tokens=False).tokens == list("12345")
+
+
+@pytest.mark.parametrize(("pre", "adds_bos"), [("tekken", True), ("refact", False)])
+def test_bos_by_default_follows_llamacpps_pre_names(pre, adds_bos, gguf_of, tmp_path):
+    tokenizer = derived_tokenizer(gguf_of["qwen3"], pre, tmp_path, says_bos=False)
+    bos = read_header(gguf_of["qwen3"]).metadata["tokenizer.ggml.bos_token_id"]
+    assert (tokenizer.encode("hi").ids[0] == bos) is adds_bos
 
 
 def test_every_table_entry_compiles_and_an_unknown_name_has_none():
