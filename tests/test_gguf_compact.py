@@ -79,9 +79,24 @@ def test_a_scale_beyond_float16_keeps_float32_scales_exactly(qtype):
     np.testing.assert_array_equal(floats(converted, bits), quants.dequantize(raw, qtype))
 
 
-@pytest.mark.parametrize(
-    "qtype", [Q.Q6_K, Q.Q3_K, Q.Q2_K, Q.IQ4_NL, Q.IQ4_XS], ids=lambda q: q.name
-)
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ4_XS], ids=lambda q: q.name)
+def test_iq4_codebooks_are_an_exact_8_bit_code(qtype):
+    """Codebook values are integers spanning 240: value + 128 is the 8-bit code, the group's
+    scale d (IQ4_XS: d times its 6-bit sub-block scale), the bias -128 d. IQ4_NL's scale and
+    bias are the block's own float16: bit for bit; IQ4_XS's rounded to float16 as Q4_K's."""
+    raw = random_blocks(qtype, ROWS, COLS, seed=int(qtype), edges=False)
+    converted = compact(qtype, raw)
+    assert converted["weight"].shape == (ROWS, COLS * 8 // 32)
+    assert converted["scales"].dtype == mx.float16
+    reference = quants.dequantize(raw, qtype)
+    values = floats(converted, 8).reshape(reference.shape)
+    if qtype == Q.IQ4_NL:
+        np.testing.assert_array_equal(values, reference)
+    else:
+        np.testing.assert_allclose(values, reference, rtol=2.0**-10, atol=2.0**-24 * 113)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q6_K, Q.Q3_K, Q.Q2_K], ids=lambda q: q.name)
 def test_types_without_an_affine_form_within_one_step_of_their_requantization(qtype):
     raw = random_blocks(qtype, ROWS, COLS, seed=int(qtype), edges=False)
     converted = compact(qtype, raw)

@@ -36,7 +36,9 @@ def inexact_reasons(inexact: dict[str, int], layout: str) -> str:
 
     def reason(kind: str) -> str:
         if layout == "compact":
-            return "float16 scales" if kquants.affine_bits(kquants.Q[kind]) else "requantized"
+            qtype = kquants.Q[kind]
+            mapped = kquants.affine_bits(qtype) or qtype in kquants.CODEBOOK_AFFINE
+            return "float16 scales" if mapped else "requantized"
         return "kept as float16: no exact MLX form"
 
     return "; ".join(f"{kind}: {reason(kind)}" for kind in sorted(inexact))

@@ -142,6 +142,38 @@ def _mxfp4(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return _pack_nibble_halves(blocks[:, 1:]), blocks[:, :1]
 
 
+IQ4_CODEBOOK = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113])
+"""llama.cpp's `kvalues_iq4nl`: integers spanning 240, so value + 128 is an exact 8-bit code."""
+
+
+def _iq4_codes(qs: np.ndarray) -> np.ndarray:
+    """Each group's 16 bytes (low nibbles values 0-15, high 16-31) as 8-bit codes."""
+    indices = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    return (IQ4_CODEBOOK[indices] + 128).astype(np.uint8).reshape(len(qs), -1)
+
+
+def _iq4_nl(blocks: np.ndarray) -> Unpacked:
+    d = _half(blocks, 0)
+    return _iq4_codes(blocks[:, 2:]), d, -128 * d
+
+
+def _iq4_xs(blocks: np.ndarray) -> Unpacked:
+    """d, 8 sub-block scales of 6 bits (low 4 in scales_l, high 2 in scales_h), 8 x 16 bytes."""
+    high_bits = np.ascontiguousarray(blocks[:, 2:4]).view(np.uint16).astype(np.int32)
+    low_bits, sub = blocks[:, 4:8].astype(np.int32), np.arange(8)
+    six = ((low_bits[:, sub // 2] >> 4 * (sub % 2)) & 0xF) | (((high_bits >> 2 * sub) & 3) << 4)
+    scale = _half(blocks, 0) * (six - 32).astype(np.float32)
+    return _iq4_codes(blocks[:, 8:].reshape(len(blocks), 8, 16)), scale, -128 * scale
+
+
+CODEBOOK_AFFINE: dict[Q, tuple[int, Callable[[np.ndarray], Unpacked]]] = {
+    Q.IQ4_NL: (8, _iq4_nl),
+    Q.IQ4_XS: (8, _iq4_xs),
+}
+"""Codebook types whose 8-bit affine form is exact (scale d, bias -128 d, per group of 32): what
+the compact layout holds them in, rather than requantizing their floats."""
+
+
 EXACT: dict[Q, tuple[int, Callable[[np.ndarray], Unpacked]]] = {
     Q.Q4_0: (4, _q4_0),
     Q.Q4_1: (4, _q4_1),
@@ -229,7 +261,7 @@ def _damaged(name: str, qtype: Q, finite: np.ndarray, first_block: int) -> Macsp
 def _exact(
     blocks: np.ndarray, qtype: Q, shape: tuple[int, ...], scales_dtype: mx.Dtype, name: str
 ) -> dict[str, mx.array]:
-    bits, unpack = EXACT[qtype]
+    bits, unpack = EXACT.get(qtype) or CODEBOOK_AFFINE[qtype]
     cols = shape[-1]
     block_size = GGML_QUANT_SIZES[qtype][0]
     groups_per_block = block_size // GROUP_SIZE
@@ -350,7 +382,7 @@ def convert(
     if qtype == Q.MXFP4:
         return _mxfp4_arrays(blocks, shape)
     with np.errstate(invalid="ignore", over="ignore"):
-        if qtype in EXACT:
+        if qtype in EXACT or (requantize_bits is not None and qtype in CODEBOOK_AFFINE):
             return _exact(blocks, qtype, shape, scales_dtype, name)
         requantize = None if requantize_bits is None else (requantize_bits, requantize_group)
         return _dequantized(blocks, qtype, shape, requantize, scales_dtype, name)

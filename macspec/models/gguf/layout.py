@@ -6,7 +6,8 @@ llama.cpp and Ollama hold a GGUF at its own size, so macspec's default does too:
 - **compact** (the default): every type with an affine form of group 32 (Q4_K, Q5_K, Q4_0,
   Q4_1, Q5_0, Q5_1, Q8_0) keeps its bits, with float16 scales and biases (Q4_K's and Q5_K's
   `d*sc` rounded to float16: 17 significant bits into 11); the types without one (Q6_K, Q3_K,
-  Q2_K, the i-quants) are requantized into the affine layout `REQUANTIZED` gives; MXFP4 is
+  Q2_K, most i-quants) are requantized into the affine layout `REQUANTIZED` gives (IQ4_NL and
+  IQ4_XS map onto 8-bit groups exactly); MXFP4 is
   MLX's own `mxfp4`. Measured on Gemma 3 270M Q4_K_M and Qwen2.5-Coder 1.5B Q4_K_M
   (docs/models.md, "GGUF at the file's size").
 - **exact** (on request: `--gguf-layout exact`, or `gguf_layout = "exact"` in models.toml):
@@ -40,8 +41,10 @@ REQUANTIZED_DEFAULT = (8, 32)
 """(bits, group size) of a type without an affine form, in the compact layout: 8-bit groups of
 32 hold Q6_K's values within a quarter of its own step (9 bits a weight against its 6.56;
 float16 would be 16). Measured against the float32 reference: docs/models.md."""
-REQUANTIZED: dict[Q, tuple[int, int]] = {}
-"""Per type, where one differs from REQUANTIZED_DEFAULT."""
+REQUANTIZED: dict[Q, tuple[int, int]] = {Q.IQ4_NL: (8, 32), Q.IQ4_XS: (8, 32)}
+"""Per type, where one differs from REQUANTIZED_DEFAULT. IQ4_NL and IQ4_XS are not requantized
+but mapped: their codebook values are integers spanning 240, an exact 8-bit code in groups of
+32 (`kquants.CODEBOOK_AFFINE`)."""
 
 _default = Layout.COMPACT
 

@@ -128,6 +128,8 @@ def _exact_in(qtype: Q, layout: Layout) -> bool:
     scales hold the legacy types' fp16 scales exactly, not the K-quants' `d*sc`."""
     if qtype in FLOAT_TYPES or qtype in kquants.HALF_SCALED or qtype == Q.MXFP4:
         return True
+    if qtype == Q.IQ4_NL:  # compact: its block's fp16 d and -128 d, bit for bit
+        return layout is Layout.COMPACT
     return kquants.is_exact(qtype) and layout is Layout.EXACT
 
 
