@@ -103,7 +103,7 @@ def load_model(path: Path, role: str, group=None) -> tuple[nn.Module, object]:
         except LOAD_ERRORS as exc:
             raise cannot_load(exc, path, role) from None
     tokenizer = draft_tokenizer(path, role)
-    return load_weights(path, role), tokenizer
+    return _checked_folder_weights(path, role), tokenizer
 
 
 def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
@@ -125,6 +125,11 @@ def load_sharded(path: Path, group) -> tuple[nn.Module, object]:
 def load_weights(path: Path, role: str) -> nn.Module:
     """The model alone (mlx-lm's load_model): its tokenizer is not loaded, only checked."""
     check_folder(path, role)
+    return _checked_folder_weights(path, role)
+
+
+def _checked_folder_weights(path: Path, role: str) -> nn.Module:
+    """`load_weights` on a folder `check_folder` has passed already."""
     if gguf_source(path) is not None:
         model = load_gguf_model(path)
     elif tensor_entry(path) is not None:
