@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import re
 import signal
 import subprocess
@@ -136,14 +137,17 @@ def macspec_side(args: argparse.Namespace, prompts: list[str]) -> dict[str, str]
             line = []
             for name, done in results.items():
                 s, same = done.stats, done.tokens == plain.tokens
-                tallies[name].add(
-                    text,
-                    same,
-                    passes=s.target_passes,
-                    decided=s.generated_tokens + s.end_tokens,
-                    drafted=s.draft_proposed,
-                    kept=s.draft_accepted,
-                )
+                counts = {
+                    "passes": s.target_passes,
+                    "decided": s.generated_tokens + s.end_tokens,
+                    "drafted": s.draft_proposed,
+                    "kept": s.draft_accepted,
+                }
+                tallies[name].add(text, same, **counts)
+                if args.record:  # a line per prompt and length: runs made in parts add up exactly
+                    with args.record.open("a") as out:
+                        record = {"prompt": text, "k": str(name[11:]), "same": same, **counts}
+                        print(json.dumps(record), file=out)
                 line.append(f"{name[8:]} {s.tokens_per_pass or 0:.2f}{'' if same else ' DIFFERS'}")
                 if not same:
                     print(f"    plain {plain.text!r}\n    {name[8:]}   {done.text!r}")
@@ -236,6 +240,11 @@ def main() -> None:
         "--threads", type=int, default=1, help="llama.cpp's -t (1: a shared CPU starves a spin)"
     )
     parser.add_argument("--no-macspec", action="store_true", help="llama.cpp alone")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="append macspec's counts per prompt and k to this JSON-lines file",
+    )
     parser.add_argument(
         "--pick", help="only these prompts, by number from 1 (e.g. 3,6,7: where another differed)"
     )
