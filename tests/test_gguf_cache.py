@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -101,3 +103,52 @@ def test_clear_one_by_name_or_only_the_gguf_files(loaded, capsys):
     folder = hub.local_model_path(str(loaded["Q5_0"]))
     load_gguf_model(folder)
     assert (folder / CONVERTED[Layout.COMPACT]).is_file()
+
+
+def test_a_killed_conversions_leftover_is_not_read_and_is_freed(loaded, capsys):
+    """A first load killed mid-write (SIGKILL: no `finally`) leaves its temporary copy, a cut
+    safetensors file. The next `run` neither reads it nor calls the folder damaged, and its
+    conversion deletes it; a live process's copy in progress is kept."""
+    folder = Path(cached(capsys)[loaded["Q5_0"].name]["folder"])
+    (folder / CONVERTED[Layout.COMPACT]).unlink()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = folder / f"compact.{dead.pid}.partial.safetensors"
+    left.write_bytes((100).to_bytes(8, "little") + b'{"a": {"dtype')  # cut in its header
+    writing = folder / f"compact.{os.getppid()}.partial.safetensors"  # a live process's
+    writing.write_bytes(b"\0" * 10)
+    args = ["run", "--model", str(loaded["Q5_0"]), "--no-draft", "--max-tokens", "2", "--raw"]
+    assert main([*args, "a"]) == 0, capsys.readouterr().err
+    assert not left.exists() and writing.is_file()
+    assert (folder / CONVERTED[Layout.COMPACT]).is_file()
+
+
+def test_a_full_disk_while_keeping_the_copy_is_one_line(loaded, capsys, monkeypatch):
+    import mlx.core as mx
+
+    folder = Path(cached(capsys)[loaded["Q5_0"].name]["folder"])
+    (folder / CONVERTED[Layout.COMPACT]).unlink()
+
+    def full(file: str, arrays: dict) -> None:
+        Path(file).write_bytes(b"\0" * 8)
+        raise RuntimeError("[write] Unable to write 8 bytes to file.")  # MLX's words on ENOSPC
+
+    monkeypatch.setattr(mx, "save_safetensors", full)
+    args = ["run", "--model", str(loaded["Q5_0"]), "--no-draft", "--max-tokens", "2", "--raw"]
+    assert main([*args, "a"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(folder) in err and "Unable to write" in err
+    assert [p.name for p in folder.glob("*.safetensors")] == []  # nothing cut left behind
+
+
+def test_a_damaged_converted_copy_names_the_command_that_converts_it_again(loaded, capsys):
+    folder = Path(cached(capsys)[loaded["Q5_0"].name]["folder"])
+    copy = folder / CONVERTED[Layout.COMPACT]
+    os.truncate(copy, copy.stat().st_size // 2)  # a disk error, say: not a kill (renamed whole)
+    args = ["run", "--model", str(loaded["Q5_0"]), "--no-draft", "--max-tokens", "2", "--raw"]
+    assert main([*args, "a"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compact.safetensors is truncated" in err
+    assert f"macspec cache clear --model {loaded['Q5_0'].name}" in err and "download" not in err
+    assert main(["cache", "clear", "--model", loaded["Q5_0"].name]) == 0
+    assert main([*args, "a"]) == 0

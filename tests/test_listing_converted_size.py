@@ -18,6 +18,7 @@ from macspec.models.gguf.load import check_memory
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import resident_bytes
 from macspec.models.stores.describe import describe_gguf
+from macspec.models.stores.listing import local_models
 
 
 def test_the_listing_and_the_refusal_count_the_same_converted_weights(tmp_path: Path, monkeypatch):
@@ -49,3 +50,26 @@ def test_a_file_whose_tensor_table_is_cut_is_listed_at_its_file_size(tmp_path: P
     cut.write_bytes(path.read_bytes()[: full.data_start - 8])  # metadata whole, table not
     listed = describe_gguf(cut)
     assert listed.memory.weights_bytes == cut.stat().st_size
+
+
+def test_the_listing_counts_the_layout_the_environment_asks_for(tmp_path: Path, monkeypatch):
+    """MACSPEC_GGUF_LAYOUT=exact makes `run` hold the exact layout: `macspec models` (which has
+    no --gguf-layout) counts that layout too, so it never says fits where `run` refuses."""
+    path = tiny_gguf(tmp_path, Q.Q5_0)
+    header = read_model_header(path, strings=False)
+    monkeypatch.setattr(layout, "_default", None)  # no command has set it in this process
+    monkeypatch.setenv("MACSPEC_GGUF_LAYOUT", "exact")
+    assert describe_gguf(path).memory.weights_bytes == resident_bytes(header, Layout.EXACT)
+    monkeypatch.setenv("MACSPEC_GGUF_LAYOUT", "compact")
+    assert describe_gguf(path).memory.weights_bytes == resident_bytes(header, Layout.COMPACT)
+    layout.set_default_layout("exact")  # a command's flag wins over the environment
+    assert describe_gguf(path).memory.weights_bytes == resident_bytes(header, Layout.EXACT)
+
+
+def test_a_bad_layout_in_the_environment_is_one_line_naming_it(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(layout, "_default", None)
+    monkeypatch.setenv("MACSPEC_GGUF_LAYOUT", "fast")
+    with pytest.raises(MacspecError, match="MACSPEC_GGUF_LAYOUT must be one of compact, exact"):
+        describe_gguf(tiny_gguf(tmp_path, Q.Q5_0))
+    with pytest.raises(MacspecError, match="MACSPEC_GGUF_LAYOUT"):  # once, not on every row
+        local_models()

@@ -32,14 +32,27 @@ DraftModel = Annotated[
         "'auto': the best one on this Mac (see `macspec models --local`).",
     ),
 ]
+
+
+def _checked_layout_name(value: str | None) -> str | None:
+    """The flag's value, checked as it is parsed: a bad name is one line before any model is
+    resolved (deriving a GGUF's folder reads its whole vocabulary)."""
+    if value is not None:
+        from macspec.models.gguf.layout import parse_layout
+
+        parse_layout(value)
+    return value
+
+
 GgufLayout = Annotated[
     str | None,
     typer.Option(
         "--gguf-layout",
-        envvar="MACSPEC_GGUF_LAYOUT",
+        envvar="MACSPEC_GGUF_LAYOUT",  # layout.LAYOUT_ENV (mlx: not imported at start-up)
         help="How a GGUF file is held in memory: 'compact' (the default: near the file's own "
         "bytes, float16 scales) or 'exact' (float32 scales, gguf's values bit for bit, about "
         "1.7x the file). A pair's gguf_layout in models.toml sets it too.",
+        callback=_checked_layout_name,
     ),
 ]
 

@@ -16,7 +16,7 @@ from mlx_lm.utils import load_model as mlx_load_model
 from macspec.engine.drafters.suffix import SaidTokens
 from macspec.errors import MacspecError
 from macspec.models.gguf.folder import gguf_notices, gguf_source
-from macspec.models.gguf.load import load_gguf_model
+from macspec.models.gguf.load import PARTIAL, load_gguf_model
 from macspec.models.stores.ollama_entry import tensor_entry
 from macspec.models.stores.ollama_mlx_load import load_tensor_model
 from macspec.models.tokenizers import fingerprint
@@ -62,14 +62,25 @@ def check_folder(path: Path, role: str) -> None:
     if not (path / "config.json").is_file():
         raise MacspecError(f"{role} {path}: not a model folder (no config.json)")
     for weights in sorted(path.glob("*.safetensors")):
+        if weights.name.endswith(PARTIAL):  # a GGUF conversion's copy in progress, never read
+            continue
         problem = safetensors_problem(weights)
         if problem is not None:
-            raise MacspecError(f"{role} {path}: {weights.name} is {problem}; download it again")
+            raise MacspecError(f"{role} {path}: {weights.name} is {problem}; {_remedy(path)}")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
         raise MacspecError(
             f"{role} {path}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
             "the download is incomplete or this is not an mlx-lm model folder"
         )
+
+
+def _remedy(path: Path) -> str:
+    """What mends a folder's damaged weights: a GGUF's converted copy is macspec's own, made
+    again once cleared; anything else came from a download."""
+    source = gguf_source(path)
+    if source is not None:
+        return f"`macspec cache clear --model {source.name}` converts it again"
+    return "download it again"
 
 
 LOAD_ERRORS = (FileNotFoundError, ValueError, KeyError, OSError, RuntimeError)

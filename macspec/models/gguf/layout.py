@@ -10,7 +10,8 @@ llama.cpp and Ollama hold a GGUF at its own size, so macspec's default does too:
   IQ4_XS map onto 8-bit groups exactly); MXFP4 is
   MLX's own `mxfp4`. Measured on Gemma 3 270M Q4_K_M and Qwen2.5-Coder 1.5B Q4_K_M
   (docs/models.md, "GGUF at the file's size").
-- **exact** (on request: `--gguf-layout exact`, or `gguf_layout = "exact"` in models.toml):
+- **exact** (on request: `--gguf-layout exact`, `MACSPEC_GGUF_LAYOUT=exact`, or
+  `gguf_layout = "exact"` in models.toml):
   float32 scales and biases, the types without an affine form as float16, so the affine
   types dequantize to gguf's float32 values bit for bit, at about 1.7x the file's bytes.
 
@@ -22,6 +23,7 @@ float16 scales (1/8 of a 4-bit weight's bytes as float32), never the weights the
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 
 import mlx.core as mx
@@ -46,7 +48,11 @@ REQUANTIZED: dict[Q, tuple[int, int]] = {Q.IQ4_NL: (8, 32), Q.IQ4_XS: (8, 32)}
 but mapped: their codebook values are integers spanning 240, an exact 8-bit code in groups of
 32 (`kquants.CODEBOOK_AFFINE`)."""
 
-_default = Layout.COMPACT
+LAYOUT_ENV = "MACSPEC_GGUF_LAYOUT"
+"""The environment's layout (what --gguf-layout reads when not given): commands without the
+flag, such as `macspec models`, count the bytes of the layout a run would take."""
+_default: Layout | None = None
+"""Set by a command's --gguf-layout or its pair's gguf_layout; else the environment's."""
 
 
 def parse_layout(value: str | Layout) -> Layout:
@@ -67,7 +73,15 @@ def set_default_layout(value: str | Layout) -> None:
 
 
 def default_layout() -> Layout:
-    return _default
+    if _default is not None:
+        return _default
+    value = os.environ.get(LAYOUT_ENV) or Layout.COMPACT
+    try:
+        return Layout(value)
+    except ValueError:
+        raise MacspecError(
+            f"{LAYOUT_ENV} must be one of {', '.join(LAYOUTS)}, got {value!r}"
+        ) from None
 
 
 def requantized(qtype: Q) -> tuple[int, int]:

@@ -31,6 +31,9 @@ CONVERTED = {Layout.EXACT: "converted.safetensors", Layout.COMPACT: "compact.saf
 """The converted weights of a file mx.load cannot read, per layout, beside the derived
 config.json (the folder is keyed by the file's identity, so a changed file gets another
 folder)."""
+PARTIAL = ".partial.safetensors"
+"""The end of a converted copy's name while it is written (`compact.<pid>.partial.safetensors`):
+never read, and deleted by the next conversion once its process is gone."""
 
 
 def load_gguf_model(folder: Path, layout: Layout | None = None) -> nn.Module:
@@ -169,11 +172,37 @@ def _converted_once(folder: Path, header: GGUFHeader, layout: Layout) -> dict[st
     cache = folder / CONVERTED[layout]
     if cache.is_file():
         return mx.load(str(cache))
+    _remove_dead_partials(folder, cache.stem)
     weights = read_tensors(header, layout, progress_callback())
-    partial = folder / f"{cache.stem}.{os.getpid()}.partial.safetensors"
+    partial = folder / f"{cache.stem}.{os.getpid()}{PARTIAL}"
     try:
         mx.save_safetensors(str(partial), weights)
         os.replace(partial, cache)
+    except (OSError, RuntimeError) as exc:  # MLX's full disk: "[write] Unable to write ..."
+        reason = " ".join(str(exc).split())
+        raise MacspecError(
+            f"{folder}: cannot keep the converted copy ({reason}); free some disk space, or "
+            "set MACSPEC_HOME to a folder on another disk"
+        ) from None
     finally:
         partial.unlink(missing_ok=True)
     return weights
+
+
+def _remove_dead_partials(folder: Path, stem: str) -> None:
+    """Delete the temporary copies of conversions whose process is gone (killed mid-write: no
+    `finally` ran), as large as the copy itself; one a live process is writing is kept."""
+    for partial in folder.glob(f"{stem}.*{PARTIAL}"):
+        pid = partial.name.removeprefix(f"{stem}.").split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            partial.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True

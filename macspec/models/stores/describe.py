@@ -64,9 +64,9 @@ def describe_gguf(path: Path, file_type: str | None = None) -> Description:
     from macspec.models.gguf.mtp import nextn_layers
     from macspec.models.gguf.tensors import compute_dtype, resident_bytes
 
+    layout = default_layout()  # a bad MACSPEC_GGUF_LAYOUT is its own line, not the file's
     try:  # one read: the metadata, the tensor table (no vocabulary) and a split model's parts
         header = read_model_header(path, strings=False)
-        layout = default_layout()
         size = header.size
         resident, dtype = resident_bytes(header, layout), compute_dtype(header, layout)
     except MacspecError:  # no readable tensor table: described from the metadata alone

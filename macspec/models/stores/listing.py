@@ -146,7 +146,11 @@ def _snapshot(repo_folder: Path) -> Path | None:
 
 
 def local_models() -> list[LocalModel]:
-    """Everything on this machine, store by store (Ollama, LM Studio, the HF cache)."""
+    """Everything on this machine, store by store (Ollama, LM Studio, the HF cache); a bad
+    MACSPEC_GGUF_LAYOUT is one line, not a reason on every GGUF's row."""
+    from macspec.models.gguf.layout import default_layout  # mlx: not at start-up
+
+    default_layout()
     return [*ollama_models(), *lmstudio_models(), *hf_models()]
 
 
