@@ -4,17 +4,21 @@ then refuses for memory."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
 from gguf import GGMLQuantizationType as Q
 from ggufkit import tiny_gguf
+from storekit import OllamaStore
 
+from macspec.cli import main
 from macspec.errors import MacspecError
-from macspec.models import memory
+from macspec.models import hub, memory
 from macspec.models.gguf import layout
 from macspec.models.gguf.layout import Layout
-from macspec.models.gguf.load import check_memory
+from macspec.models.gguf.load import CONVERTED, check_memory, load_gguf_model
 from macspec.models.gguf.split import read_model_header
 from macspec.models.gguf.tensors import resident_bytes
 from macspec.models.stores.describe import describe_gguf
@@ -73,3 +77,30 @@ def test_a_bad_layout_in_the_environment_is_one_line_naming_it(tmp_path: Path, m
         describe_gguf(tiny_gguf(tmp_path, Q.Q5_0))
     with pytest.raises(MacspecError, match="MACSPEC_GGUF_LAYOUT"):  # once, not on every row
         local_models()
+
+
+def _listed(capsys) -> dict[str, dict]:
+    assert main(["models", "--local", "--json"]) == 0
+    return {entry["name"]: entry for entry in json.loads(capsys.readouterr().out)}
+
+
+def test_the_listing_shows_the_converted_copy_on_disk_until_it_is_cleared(tmp_path: Path, capsys):
+    """`macspec models` says what a GGUF costs on disk beside its file, as `macspec cache`
+    does: nothing before its first run, the kept copy's bytes after, nothing once cleared."""
+    store = OllamaStore(Path(os.environ["HOME"]) / ".ollama" / "models")
+    store.add("tiny:q5", tiny_gguf(tmp_path, Q.Q5_0))
+    assert _listed(capsys)["tiny:q5"]["converted_bytes"] == 0
+    folder = hub.local_model_path("tiny:q5")  # the blob's derived folder
+    load_gguf_model(folder)
+    kept = (folder / CONVERTED[Layout.COMPACT]).stat().st_size
+    assert _listed(capsys)["tiny:q5"]["converted_bytes"] == kept > 0
+    assert main(["models", "--local"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "tiny:q5" in line)
+    assert row.rstrip(" │").endswith(byte_size_mb(kept))
+    assert main(["cache", "clear", "--model", "tiny:q5"]) == 0
+    capsys.readouterr()
+    assert _listed(capsys)["tiny:q5"]["converted_bytes"] == 0
+
+
+def byte_size_mb(n: int) -> str:
+    return f"{max(n / 1e6, 0.1):.1f} MB"

@@ -3,6 +3,7 @@ the Hugging Face cache, as a table or JSON."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -20,10 +21,30 @@ def _gb(n: int | None) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{max(n / 1e6, 0.1):.1f} MB"
 
 
-def local_json(model: LocalModel, models: list[LocalModel]) -> dict[str, Any]:
+def converted_copies() -> dict[Path, int]:
+    """The bytes of the converted copies macspec keeps on disk, by the GGUF file they came from
+    (every layout and every version of the file counted: all of it is disk a file costs)."""
+    from macspec.models.gguf.entries import GGUF, derived_folders  # mlx: not at start-up
+
+    kept: dict[Path, int] = {}
+    for derived in derived_folders():
+        if derived.kind == GGUF and derived.file is not None and derived.converted_bytes:
+            source = derived.file.resolve()
+            kept[source] = kept.get(source, 0) + derived.converted_bytes
+    return kept
+
+
+def _converted(model: LocalModel, kept: dict[Path, int]) -> int:
+    return kept.get(model.path.resolve(), 0) if model.path is not None else 0
+
+
+def local_json(
+    model: LocalModel, models: list[LocalModel], kept: dict[Path, int]
+) -> dict[str, Any]:
     """One entry of `macspec models --local --json`; `drafts`: the models here that can draft
     for it, the one `--draft-model auto` takes first; `carried_drafts`: drafters inside it (an
-    Ollama MLX manifest's DFlash draft: `--draft auto` takes it)."""
+    Ollama MLX manifest's DFlash draft: `--draft auto` takes it); `converted_bytes`: the
+    converted copy on disk (`kept`: `converted_copies()`), 0 when none is kept."""
     about = model.about
     memory = about.memory if about is not None else None
     return {
@@ -45,20 +66,22 @@ def local_json(model: LocalModel, models: list[LocalModel]) -> dict[str, Any]:
         "tokenizer": about.tokenizer if about else None,
         "drafts": [draft.name for draft in drafts_for(model, models)],
         "carried_drafts": list(about.carried_drafts) if about else [],
+        "converted_bytes": _converted(model, kept),
     }
 
 
-def local_table(models: list[LocalModel]) -> Table:
+def local_table(models: list[LocalModel], kept: dict[Path, int]) -> Table:
     """The models on this machine, one row each; an unreadable or unsupported one says so in
-    its last column (why: below)."""
+    its fits column (why: below); `kept`: the converted copies on disk (`converted_copies()`)."""
     table = Table(title="on this Mac", title_justify="left", caption_justify="left")
-    for header in ("model", "store", "size", "quant", "arch", "context", "memory", "fits"):
-        right = header in {"size", "context", "memory"}
+    columns = ("model", "store", "size", "quant", "arch", "context", "memory", "fits", "converted")
+    for header in columns:
+        right = header in {"size", "context", "memory", "converted"}
         table.add_column(header, justify="right" if right else "left", no_wrap=True)
     for model in models:
         about = model.about
         if about is None:
-            table.add_row(model.name, STORE_LABELS[model.store], *["-"] * 5, "unreadable")
+            table.add_row(model.name, STORE_LABELS[model.store], *["-"] * 5, "unreadable", "-")
             continue
         memory = about.memory
         fits = "?" if memory is None else {True: "yes", False: "no", None: "?"}[memory.fits]
@@ -73,8 +96,13 @@ def local_table(models: list[LocalModel]) -> Table:
             str(about.context_length) if about.context_length else "-",
             _gb(memory.total_bytes) + ("" if kv_known else "+") if memory else "-",
             fits,
+            _gb(_converted(model, kept) or None),
         )
-    table.caption = "memory: weights + KV cache at the model's full context (+: KV cache unknown)."
+    table.caption = (
+        "memory: weights + KV cache at the model's full context (+: KV cache unknown); "
+        "converted: the copy of a GGUF file macspec keeps on disk (its first run makes it; "
+        "`macspec cache clear --model NAME` frees it)."
+    )
     return table
 
 
@@ -87,7 +115,7 @@ def print_local(models: list[LocalModel], console: Console) -> None:
     if not models:
         console.print(f"on this Mac: no models found ({places})", highlight=False)
         return
-    console.print(local_table(models))
+    console.print(local_table(models, converted_copies()))
     for model in models:
         if model.error is not None:
             why = model.error.removeprefix(f"{model.name}: ")

@@ -170,12 +170,13 @@ def models(
     --local, only those (and --json lists them).
     """
     if local:
-        from macspec.cli.local_models import local_json, print_local
+        from macspec.cli.local_models import converted_copies, local_json, print_local
         from macspec.models.stores.listing import local_models
 
         found = local_models()
         if as_json:
-            typer.echo(json.dumps([local_json(m, found) for m in found], indent=2))
+            kept = converted_copies()
+            typer.echo(json.dumps([local_json(m, found, kept) for m in found], indent=2))
         else:
             print_local(found, Console())
         return
