@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -121,6 +122,24 @@ def test_a_killed_conversions_leftover_is_not_read_and_is_freed(loaded, capsys):
     assert main([*args, "a"]) == 0, capsys.readouterr().err
     assert not left.exists() and writing.is_file()
     assert (folder / CONVERTED[Layout.COMPACT]).is_file()
+
+
+def test_a_folder_left_half_made_by_a_killed_process_is_freed(loaded, capsys):
+    """Killed while deriving a file's folder (tokenizer, config), a process leaves its hidden
+    temporary sibling, never renamed and never listed: the next derivation deletes it; one a
+    live process is filling is kept."""
+    folder = Path(cached(capsys)[loaded["Q5_0"].name]["folder"])
+    shutil.rmtree(folder)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = folder.parent / f".{folder.name}.{dead.pid}.k1ll3d"
+    filling = folder.parent / f".{folder.name}.{os.getppid()}.f1ll1n"
+    for partial in (left, filling):
+        partial.mkdir()
+        (partial / "tokenizer.json").write_text("{")
+    assert hub.local_model_path(str(loaded["Q5_0"])) == folder
+    assert (folder / "config.json").is_file()
+    assert not left.exists() and filling.is_dir()
 
 
 def test_a_full_disk_while_keeping_the_copy_is_one_line(loaded, capsys, monkeypatch):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import sys
@@ -67,7 +68,12 @@ def write_folder_whole(folder: Path, fill: Callable[[Path], None], what: str) ->
     not at all (one another process finished first is kept)."""
     check_folder_path(folder.parent, what, "set MACSPEC_HOME elsewhere")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    for left in folder.parent.glob(f".{glob.escape(folder.name)}.*.*"):  # killed mid-fill
+        pid, *rest = left.name.removeprefix(f".{folder.name}.").split(".")
+        if pid.isdigit() and len(rest) == 1 and not process_alive(int(pid)):
+            shutil.rmtree(left, ignore_errors=True)
+    prefix = f".{folder.name}.{os.getpid()}."
+    partial = Path(tempfile.mkdtemp(prefix=prefix, dir=folder.parent))
     try:
         fill(partial)
         os.replace(partial, folder)
@@ -76,6 +82,17 @@ def write_folder_whole(folder: Path, fill: Callable[[Path], None], what: str) ->
             raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` still runs: a temporary file of a dead one is never finished."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def config_path() -> Path:

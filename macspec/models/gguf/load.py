@@ -26,6 +26,7 @@ from macspec.models.gguf.tensors import (
     resident_bytes,
     wide_scales,
 )
+from macspec.models.home import process_alive
 
 CONVERTED = {Layout.EXACT: "converted.safetensors", Layout.COMPACT: "compact.safetensors"}
 """The converted weights of a file mx.load cannot read, per layout, beside the derived
@@ -194,15 +195,5 @@ def _remove_dead_partials(folder: Path, stem: str) -> None:
     `finally` ran), as large as the copy itself; one a live process is writing is kept."""
     for partial in folder.glob(f"{stem}.*{PARTIAL}"):
         pid = partial.name.removeprefix(f"{stem}.").split(".")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             partial.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
