@@ -49,3 +49,18 @@ def test_a_part_of_another_download_is_said_to_be_one(tmp_path: Path):
     assert said.startswith(f"{third}: part 3 of 3 of another model or download than {first.name}")
     assert "is in part 2 too" in said and "download the parts again together" in said
     assert "\n" not in said
+
+
+@pytest.mark.parametrize("field, at", [("tensor count", 8), ("key count", 16)])
+def test_a_whole_file_with_a_damaged_count_is_called_damaged_not_cut(
+    tmp_path: Path, field: str, at: int
+):
+    """Flipped bytes in a count make a whole file look as if it ran on past its end: that is
+    said as damage (the count), not as an incomplete download."""
+    data = bytearray(tiny_gguf(tmp_path, Q.Q4_1).read_bytes())
+    data[at : at + 4] = b"\xff" * 4
+    path = tmp_path / "flipped.gguf"
+    path.write_bytes(bytes(data))
+    with pytest.raises(MacspecError, match="damaged GGUF header") as caught:
+        read_header(path)
+    assert "truncated" not in str(caught.value) and field.split()[0] in str(caught.value)

@@ -38,6 +38,9 @@ TOKENIZER_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
 """The arrays whose bytes make the tokenizer fingerprint."""
 MAX_KEYS = 1 << 16
 """More keys than this is a damaged header, not a model."""
+MAX_TENSORS = 1 << 20
+"""More tensors than this is a damaged header (the largest models list a few thousand), not a
+cut download: said so, not "truncated"."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,8 @@ def _parse(
     tensor_count, key_count = cursor.take("<Q"), cursor.take("<Q")
     if key_count > MAX_KEYS:
         raise ValueError(f"{key_count} metadata keys")
+    if tensor_count > MAX_TENSORS:
+        raise ValueError(f"{tensor_count} tensors")
     metadata: dict[str, Any] = {}
     lengths: dict[str, int] = {}
     tokenizer = hashlib.sha256()
