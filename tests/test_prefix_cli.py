@@ -84,6 +84,21 @@ def test_a_second_run_over_the_same_document_starts_from_the_disk(capsys, monkey
     assert json.loads(capsys.readouterr().out)["models"] == []
 
 
+def test_a_model_with_nothing_cached_gets_no_row(capsys):
+    """A run whose prompts were all shorter than a block registers its model and caches
+    nothing: `macspec cache` shows no empty row for it (`--json` still lists the folder)."""
+    from macspec.prefix.store import DiskStore
+
+    root = DiskCacheSettings().root
+    DiskStore(root, 0).register("f" * 64, {"name": "short-prompts-only"})
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "the prompt cache is empty" in out and "short-prompts-only" not in out
+    assert main(["cache", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["models"]
+    assert [(m["name"], m["files"], m["bytes"]) for m in listed] == [("short-prompts-only", {}, 0)]
+
+
 def test_zero_gigabytes_writes_nothing_and_the_folder_can_move(
     capsys, monkeypatch, folders, tmp_path
 ):

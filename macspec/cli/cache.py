@@ -65,10 +65,11 @@ def cache(
         }
         typer.echo(json.dumps(record, indent=2))
         return
-    if not models:
+    holding = [m for m in models if m.files]  # a model whose prompts were all short: no row
+    if not holding:
         typer.echo(f"the prompt cache is empty ({store.root})")
     else:
-        _show_prompt_cache(store, models)
+        _show_prompt_cache(store, holding)
     _show_derived(derived)
 
 
