@@ -74,13 +74,14 @@ def test_piped_cache_listing_names_every_model_whole(tmp_path, capsys):
     """Piped, `macspec cache` is not cut at 80 columns: two long paths that differ only at
     their ends are both whole, as `cache clear --model` takes them."""
     from macspec.cli import main
-    from macspec.prefix.store import MODEL_FILE
+    from macspec.prefix.store import MODEL_FILE, SUFFIX
 
     names = [f"/Users/someone/models/{'very-long-folder-' * 4}/model-q4_k_m-{n}.gguf" for n in "ab"]
     for index, name in enumerate(names):
-        folder = tmp_path / f"model{index}"
-        folder.mkdir()
-        (folder / MODEL_FILE).write_text(json.dumps({"name": name}))
+        block = tmp_path / f"model{index}" / "ab" / f"ab12.rows{SUFFIX}"  # one cached block
+        block.parent.mkdir(parents=True)
+        block.write_bytes(b"\0" * 8)
+        (tmp_path / f"model{index}" / MODEL_FILE).write_text(json.dumps({"name": name}))
     assert main(["cache", "--disk-cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in names)
