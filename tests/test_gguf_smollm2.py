@@ -234,5 +234,5 @@ def test_constrained_ids_are_llguidances_with_macspecs_json_options(smollm2, sch
     compact = llguidance_greedy(loaded, prompt, schema, {"whitespace_flexible": False}, 24)
     assert done.tokens == compact
     assert loaded.tokenizer.decode(compact).startswith('{"')
-    flexible = llguidance_greedy(loaded, prompt, schema, None, 24)
+    flexible = llguidance_greedy(loaded, prompt, schema, None, 6)  # its start is the point
     assert loaded.tokenizer.decode(flexible).startswith('{\n  "')
