@@ -68,10 +68,8 @@ def write_folder_whole(folder: Path, fill: Callable[[Path], None], what: str) ->
     not at all (one another process finished first is kept)."""
     check_folder_path(folder.parent, what, "set MACSPEC_HOME elsewhere")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    for left in folder.parent.glob(f".{glob.escape(folder.name)}.*.*"):  # killed mid-fill
-        pid, *rest = left.name.removeprefix(f".{folder.name}.").split(".")
-        if pid.isdigit() and len(rest) == 1 and not process_alive(int(pid)):
-            shutil.rmtree(left, ignore_errors=True)
+    for left in dead_leftovers(folder.parent, f".{folder.name}.", ""):  # killed mid-fill
+        shutil.rmtree(left, ignore_errors=True)
     prefix = f".{folder.name}.{os.getpid()}."
     partial = Path(tempfile.mkdtemp(prefix=prefix, dir=folder.parent))
     try:
@@ -82,6 +80,18 @@ def write_folder_whole(folder: Path, fill: Callable[[Path], None], what: str) ->
             raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def dead_leftovers(parent: Path, prefix: str, suffix: str) -> list[Path]:
+    """The temporary files or folders in `parent` named `{prefix}{pid}[.{random}]{suffix}` (the
+    writer's pid first) whose writer is gone: killed mid-write, no `finally` removed them."""
+    found = []
+    for left in parent.glob(f"{glob.escape(prefix)}*{glob.escape(suffix)}"):
+        middle = left.name[len(prefix) : len(left.name) - len(suffix)]
+        pid, *rest = middle.split(".")
+        if pid.isdigit() and len(rest) <= 1 and not process_alive(int(pid)):
+            found.append(left)
+    return found
 
 
 def process_alive(pid: int) -> bool:

@@ -26,7 +26,7 @@ from macspec.models.gguf.tensors import (
     resident_bytes,
     wide_scales,
 )
-from macspec.models.home import process_alive
+from macspec.models.home import dead_leftovers
 
 CONVERTED = {Layout.EXACT: "converted.safetensors", Layout.COMPACT: "compact.safetensors"}
 """The converted weights of a file mx.load cannot read, per layout, beside the derived
@@ -193,7 +193,5 @@ def _converted_once(folder: Path, header: GGUFHeader, layout: Layout) -> dict[st
 def _remove_dead_partials(folder: Path, stem: str) -> None:
     """Delete the temporary copies of conversions whose process is gone (killed mid-write: no
     `finally` ran), as large as the copy itself; one a live process is writing is kept."""
-    for partial in folder.glob(f"{stem}.*{PARTIAL}"):
-        pid = partial.name.removeprefix(f"{stem}.").split(".")[0]
-        if pid.isdigit() and not process_alive(int(pid)):
-            partial.unlink(missing_ok=True)
+    for partial in dead_leftovers(folder, f"{stem}.", PARTIAL):
+        partial.unlink(missing_ok=True)
